@@ -1,0 +1,116 @@
+"""Frozen, typed configuration for the engine, one dataclass per concern, validated once.
+
+Each component receives only its own sub-config. Sizes are in tokens or bytes (named so).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from tightfit.errors import TightfitError
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
+          "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+
+def parse_bytes(value: int | float | str) -> int:
+    """Parses a byte count: 123, 1.5e9, "512MiB", "1.5GiB", "2GB"."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value <= 0:
+            raise TightfitError(f"byte size must be positive, got {value!r}")
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise TightfitError(
+            f"cannot read byte size {value!r}: use a number of bytes or e.g. '512MiB', '1.5GiB'"
+        )
+    n = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if n <= 0:
+        raise TightfitError(f"byte size must be positive, got {value!r}")
+    return int(n)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture numbers of a decoder-only transformer (read from GGUF or config.json)."""
+
+    architecture: str  # "llama" (Llama 2/3, SmolLM2, Qwen2-style) or "gemma3"
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    max_position: int
+    rms_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = True
+    qkv_bias: bool = False
+    hidden_act: str = "silu"  # "silu" or "gelu_tanh"
+    # Gemma 3 specifics.
+    rope_local_theta: float | None = None  # RoPE base on sliding-window layers
+    sliding_window: int | None = None
+    sliding_window_pattern: int = 0  # every Nth layer is global; 0 = all global
+    qk_norm: bool = False
+    sandwich_norm: bool = False  # post-attention and pre/post-feed-forward norms
+    embed_scale: float = 1.0
+    query_pre_attn_scalar: float | None = None
+    final_logit_softcap: float | None = None
+    rope_scaling: dict | None = field(default=None, hash=False, compare=False)
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise TightfitError(
+                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise TightfitError(f"unsupported activation {self.hidden_act!r}")
+
+    def is_sliding(self, layer: int) -> bool:
+        if not self.sliding_window or not self.sliding_window_pattern:
+            return False
+        return (layer + 1) % self.sliding_window_pattern != 0
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache: fixed-size blocks of `block_size` tokens from one shared pool."""
+
+    block_size: int = 16
+    kv_cache_bytes: int = 256 * 1024**2
+    num_blocks: int | None = None  # overrides kv_cache_bytes when set
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise TightfitError(f"block_size must be a power of two, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise TightfitError(f"num_blocks must be >= 1, got {self.num_blocks}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching limits per engine step."""
+
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512  # also the prefill chunk size
+    max_model_len: int = 2048
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise TightfitError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig = CacheConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    attention: str = "fast"  # "fast" (batched gather + SDPA) or "reference" (plain torch)
+    num_threads: int | None = None

@@ -1,0 +1,171 @@
+"""The engine loop: admits requests, runs scheduler -> runner -> sampler once per `step()`,
+detokenises incrementally, applies stop conditions and returns per-request deltas.
+
+Synchronous and single-threaded by design; the server drives it from one background thread.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from typing import Any
+
+from tightfit.config import EngineConfig
+from tightfit.engine.block_pool import BlockPool
+from tightfit.engine.request import RequestOutput, Sequence, Status
+from tightfit.engine.runner import ModelRunner, num_kv_blocks
+from tightfit.engine.sampler import Sampler
+from tightfit.engine.sampling_params import SamplingParams
+from tightfit.engine.scheduler import Scheduler
+from tightfit.errors import RequestError
+
+
+class _TextState:
+    """Incremental text of one request, holding back a tail that may start a stop string."""
+
+    def __init__(self, decoder: Any, stops: tuple[str, ...]) -> None:
+        self.decoder = decoder
+        self.stops = stops
+        self.text = ""
+        self.emitted = 0
+
+    def push(self, token_id: int | None) -> tuple[str, bool]:
+        """Adds a token (None = flush at the end); returns (safe delta, hit a stop string)."""
+        self.text += self.decoder.push(token_id) if token_id is not None else self.decoder.flush()
+        for stop in self.stops:
+            at = self.text.find(stop, max(0, self.emitted - len(stop)))
+            if at != -1:
+                self.text = self.text[:at]
+                return self._emit(len(self.text)), True
+        hold = 0
+        if token_id is not None:
+            for stop in self.stops:
+                for k in range(min(len(stop) - 1, len(self.text)), 0, -1):
+                    if self.text.endswith(stop[:k]):
+                        hold = max(hold, k)
+                        break
+        return self._emit(len(self.text) - hold), False
+
+    def _emit(self, upto: int) -> str:
+        upto = max(upto, self.emitted)
+        delta = self.text[self.emitted:upto]
+        self.emitted = upto
+        return delta
+
+
+class LLMEngine:
+    def __init__(self, model: Any, tokenizer: Any, config: EngineConfig) -> None:
+        self.config = config
+        self.model_config = config.model
+        self.tokenizer = tokenizer
+        blocks = num_kv_blocks(config.model, config.cache)
+        self.pool = BlockPool(blocks, config.cache.block_size, config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler, self.pool)
+        self.runner = ModelRunner(model, config.model, config.cache, blocks, config.attention)
+        self.sampler = Sampler()
+        self.max_model_len = min(config.scheduler.max_model_len, config.model.max_position)
+        self._seqs: dict[str, Sequence] = {}
+        self._text: dict[str, _TextState] = {}
+        self._arrivals = itertools.count()
+        self.num_steps = 0
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.pool.num_blocks * self.pool.block_size
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, priority: int = 0) -> str:
+        params = params or SamplingParams()
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self._validate_prompt(ids)
+        rid = request_id or uuid.uuid4().hex
+        if rid in self._seqs:
+            raise RequestError(f"request id {rid!r} is already in use")
+        seq = Sequence(rid, ids, params, priority, next(self._arrivals),
+                       prompt if isinstance(prompt, str) else None)
+        self._seqs[rid] = seq
+        stops = tuple(params.stop)
+        self._text[rid] = _TextState(
+            self.tokenizer.incremental_decoder(skip_special_tokens=params.skip_special_tokens), stops)
+        self.scheduler.add(seq)
+        return rid
+
+    def _validate_prompt(self, ids: list[int]) -> None:
+        if not ids:
+            raise RequestError("the prompt is empty: give at least one token")
+        limit = min(self.max_model_len, self.kv_capacity_tokens)
+        if len(ids) >= limit:
+            raise RequestError(
+                f"prompt has {len(ids)} tokens but the context window is {limit} tokens "
+                f"(max_model_len={self.max_model_len}, KV pool={self.kv_capacity_tokens} tokens): "
+                "shorten the prompt or raise --max-model-len / the KV cache size")
+        bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
+        if bad:
+            raise RequestError(
+                f"token id {bad[0]} is outside the vocabulary (0..{self.model_config.vocab_size - 1})")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def abort(self, request_id: str) -> None:
+        seq = self._seqs.pop(request_id, None)
+        if seq is not None and not seq.is_finished:
+            self.scheduler.finish(seq, "abort")
+        self._text.pop(request_id, None)
+        self.sampler.release(request_id)
+
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            return []
+        now = time.perf_counter()
+        for s in out.scheduled:
+            if s.seq.metrics.first_scheduled_time is None:
+                s.seq.metrics.first_scheduled_time = now
+        sampling, logits = self.runner.execute(out)
+        self.scheduler.after_step(out)
+        token_ids = self.sampler.sample([s.seq for s in sampling], logits) if sampling else []
+        self.num_steps += 1
+        now = time.perf_counter()
+        return [self._append(s.seq, tok, now) for s, tok in zip(sampling, token_ids)]
+
+    def _append(self, seq: Sequence, token: int, now: float) -> RequestOutput:
+        seq.token_ids.append(token)
+        if seq.metrics.first_token_time is None:
+            seq.metrics.first_token_time = now
+        p = seq.params
+        state = self._text[seq.request_id]
+        reason = None
+        stop_token = (not p.ignore_eos and token in self.tokenizer.stop_token_ids) or \
+            token in p.stop_token_ids
+        if stop_token:
+            delta, _ = state.push(None)
+            reason = "stop"
+        else:
+            delta, hit = state.push(token)
+            if hit:
+                reason = "stop"
+            elif len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+                delta += state.push(None)[0]
+                reason = "length"
+        if reason is not None:
+            seq.metrics.finished_time = now
+            self.scheduler.finish(seq, reason)
+            self.sampler.release(seq.request_id)
+            self._seqs.pop(seq.request_id, None)
+            self._text.pop(seq.request_id, None)
+        return RequestOutput(
+            request_id=seq.request_id, prompt=seq.prompt, prompt_token_ids=seq.prompt_token_ids,
+            text=state.text, token_ids=list(seq.output_token_ids), finished=reason is not None,
+            finish_reason=reason, delta_text=delta, delta_token_ids=[token],
+            num_cached_tokens=seq.num_cached_tokens, metrics=seq.metrics)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "kv_usage": self.pool.usage(),
+            "num_preemptions": self.scheduler.num_preemptions,
+            "prefix_hit_tokens": self.pool.prefix_hit_tokens,
+            "prefix_query_tokens": self.pool.prefix_query_tokens,
+        }
