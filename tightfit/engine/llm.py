@@ -6,6 +6,7 @@ through the continuous-batching engine; returns outputs in prompt order.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -48,6 +49,24 @@ class LLM:
                                       max_model_len=max_model_len),
             attention=attention, num_threads=self.num_threads)
         self.engine = LLMEngine(loaded.model, loaded.tokenizer, cfg)
+
+    def derive(self, *, block_size: int | None = None, num_blocks: int | None = None,
+               max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+               enable_prefix_caching: bool | None = None, attention: str | None = None) -> "LLM":
+        """A new LLM sharing this one's weights and tokenizer, with a fresh engine (own KV pool)
+        built from this config with the given fields replaced."""
+        c = self.config
+        cache = replace(c.cache, **{k: v for k, v in dict(
+            block_size=block_size, num_blocks=num_blocks,
+            enable_prefix_caching=enable_prefix_caching).items() if v is not None})
+        sched = replace(c.scheduler, **{k: v for k, v in dict(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens).items()
+            if v is not None})
+        cfg = replace(c, cache=cache, scheduler=sched, attention=attention or c.attention)
+        other = object.__new__(LLM)
+        other.__dict__.update(self.__dict__)
+        other.engine = LLMEngine(self.loaded.model, self.tokenizer, cfg)
+        return other
 
     @property
     def config(self) -> EngineConfig:

@@ -1,0 +1,89 @@
+"""The JSON contract of `predict(rows) -> rows`, bad input, speed, and no torch."""
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tightfit.predictor import predict
+
+KEYS = {"id", "fits", "peak_memory_gb", "prefill_tok_s", "decode_tok_s", "ttft_s", "tpot_s",
+        "bottleneck", "factors", "interval"}
+
+
+def test_contract_fields_and_consistency(row) -> None:
+    (out,) = predict([row])
+    assert KEYS <= set(out) and out["id"] == "x1" and out["fits"] is True
+    assert out["tpot_s"] == pytest.approx(1 / out["decode_tok_s"], rel=1e-3)
+    assert out["ttft_s"] > 512 / out["prefill_tok_s"]
+    lo, hi = out["interval"]["decode_tok_s"]
+    assert lo < out["decode_tok_s"] < hi
+    shares = [v for k, v in out["factors"].items() if k.startswith("decode_share_")]
+    assert sum(shares) == pytest.approx(1.0, abs=1e-3)
+    assert out["bottleneck"] == "memory_bandwidth"
+    assert {"bandwidth_saturation", "compute_saturation", "lambda_mem"} <= set(out["factors"])
+
+
+def test_plausible_against_a_measured_neighbour(row) -> None:
+    # The shared table has an RTX 2080 (same 448 GB/s) running Llama-3.1-8B Q4_K_M at 71.9 tok/s.
+    (out,) = predict([row])
+    assert 45 < out["decode_tok_s"] < 110
+
+
+def test_hardware_filled_from_catalog_by_name(row) -> None:
+    row["hardware"] = {"name": "NVIDIA GeForce RTX 3070"}
+    (out,) = predict([row])
+    assert "error" not in out and out["fits"] is True
+
+
+def test_unknown_device_with_bandwidth_widens_the_band(row) -> None:
+    known = predict([row])[0]["interval"]["decode_tok_s"]
+    row["hardware"] = {"name": "Prototype X", "kind": "gpu", "memory_gb": 8,
+                       "memory_bandwidth_gbps": 448}
+    (out,) = predict([row])
+    lo, hi = out["interval"]["decode_tok_s"]
+    assert hi / lo > known[1] / known[0]
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda r: r.pop("quant"), "quant"),
+    (lambda r: r.__setitem__("quant", "Q9_Z"), "quant"),
+    (lambda r: r.pop("id"), "id"),
+    (lambda r: r["hardware"].__setitem__("memory_gb", -4), "hardware.memory_gb"),
+    (lambda r: r["hardware"].__setitem__("memory_bandwidth_gbps", 1e9), "hardware.memory_bandwidth_gbps"),
+    (lambda r: r.__setitem__("hardware", {"name": "Quantum Potato"}), "hardware.memory_bandwidth_gbps"),
+    (lambda r: r["workload"].__setitem__("batch", 10**9), "workload.batch"),
+    (lambda r: r["workload"].__setitem__("prompt_tokens", "many"), "workload.prompt_tokens"),
+    (lambda r: r.__setitem__("engine", "tensorrt"), "engine"),
+    (lambda r: r.__setitem__("model", {"name": "mystery"}), "model.params_b"),
+    (lambda r: r["model"].__setitem__("n_kv_heads", 64), "model.n_kv_heads"),
+])
+def test_bad_rows_name_the_field_and_others_still_answer(row, mutate, field) -> None:
+    good = dict(copy.deepcopy(row), id="good")
+    mutate(row)
+    bad, ok = predict([row, good])
+    assert bad["error"]["field"] == field
+    assert "error" not in ok and ok["decode_tok_s"] > 0
+
+
+def test_non_object_row() -> None:
+    (out,) = predict([42])
+    assert out["error"]["field"] == "row"
+
+
+def test_under_10ms_per_scenario_after_warm_up(row) -> None:
+    rows = [dict(row, id=str(i)) for i in range(50)]
+    predict(rows[:1])
+    t0 = time.perf_counter()
+    predict(rows)
+    assert (time.perf_counter() - t0) / len(rows) < 0.010
+
+
+def test_import_and_predict_do_not_load_torch() -> None:
+    code = ("import sys, tightfit.predictor as p; from tests.predictor.conftest import ROW; "
+            "p.predict([ROW]); assert 'torch' not in sys.modules; "
+            "assert 'sklearn' not in sys.modules, 'packaged model should need no fit'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,0 +1,75 @@
+"""The predictor subcommands, run in-process through the real dispatcher."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tightfit.cli.main import main
+
+
+def _write(tmp_path, rows):
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_predict_writes_one_line_per_row(tmp_path, row) -> None:
+    out = tmp_path / "p.jsonl"
+    bad = {"id": "b", "quant": "Q4_0"}
+    assert main(["predict", "--input", _write(tmp_path, [row, bad]), "--output", str(out)]) == 0
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["id"] for x in lines] == ["x1", "b"] and "error" in lines[1]
+
+
+def test_predict_reports_non_json_lines(tmp_path, row, capsys) -> None:
+    path = tmp_path / "s.jsonl"
+    path.write_text(json.dumps(row) + "\n{oops\n")
+    assert main(["predict", "-i", str(path)]) == 0
+    out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert out[1]["error"]["field"] == "row"
+
+
+def test_missing_input_file_is_a_user_error(tmp_path, capsys) -> None:
+    assert main(["predict", "--input", str(tmp_path / "nope.jsonl")]) == 2
+    assert "nope.jsonl" in capsys.readouterr().err
+
+
+def test_check_gate(tmp_path, row, capsys) -> None:
+    path = _write(tmp_path, [row])
+    assert main(["check", "--input", path, "--ttft-slo", "5", "--tpot-slo", "0.5"]) == 0
+    assert main(["check", "--input", path, "--ttft-slo", "0.001"]) == 1
+    assert "FAIL x1" in capsys.readouterr().out
+    assert main(["check", "--input", path]) == 2
+
+
+def test_check_fails_on_does_not_fit(tmp_path, row) -> None:
+    row["quant"] = "F16"
+    path = _write(tmp_path, [row])
+    assert main(["check", "--input", path, "--ttft-slo", "100", "--tpot-slo", "100"]) == 1
+
+
+def test_calibrate_then_predict_local(tmp_path, row, capsys) -> None:
+    prof = tmp_path / "device.json"
+    assert main(["calibrate", "--output", str(prof), "--size-mb", "16", "--matrix", "128"]) == 0
+    data = json.loads(prof.read_text())
+    assert data["device"]["bandwidth_gbps"] > 0.1 and data["device"]["kind"] == "cpu"
+    row["hardware"] = {"name": "local"}
+    row["model"] = {"name": "SmolLM2-135M"}
+    row["quant"] = "Q4_1"
+    assert main(["predict", "-i", _write(tmp_path, [row])]) == 0
+    (out,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()[-1:]]
+    assert out["fits"] is True and out["decode_tok_s"] > 0
+
+
+def test_local_without_profile_names_the_fix(tmp_path, row, capsys) -> None:
+    row["hardware"] = {"name": "this"}
+    assert main(["predict", "-i", _write(tmp_path, [row])]) == 1
+    assert "tightfit calibrate" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cmd", [["predict"], ["check"], ["calibrate"], ["predictor", "evaluate"]])
+def test_help(cmd, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(cmd + ["--help"])
+    assert exc.value.code == 0 and "usage" in capsys.readouterr().out

@@ -1,0 +1,39 @@
+"""Evaluation machinery: exact scores, grouped folds, and a held-out gain over the baselines."""
+from __future__ import annotations
+
+import pytest
+
+from tightfit.predictor import datasets, evaluate
+
+
+def test_scores_exact() -> None:
+    s = evaluate.scores([110.0, 90.0, 100.0, 150.0], [100.0, 100.0, 100.0, 100.0])
+    assert (s.n, s.mape, s.median, s.max) == (4, 17.5, 10.0, 50.0)
+    assert s.p90 == 50.0
+
+
+def test_folds_are_grouped_and_seeded() -> None:
+    groups = [f"m{i}" for i in range(25)]
+    a, b = evaluate.fold_of(groups, 10), evaluate.fold_of(groups, 10)
+    assert a == b and set(a.values()) == set(range(10))
+    assert evaluate.fold_of(groups, None) == {g: i for i, g in enumerate(sorted(groups))}
+
+
+def test_data_rules_are_applied_and_counted() -> None:
+    obs, rules = datasets.load_all()
+    assert rules["provider ollama (not llama.cpp)"] == 73
+    assert any(k.startswith("relabelled to host CPU") for k in rules)
+    assert {o.source for o in obs} == {"apple", "llmfit", "design"}
+    assert all(o.value > 0 for o in obs)
+
+
+def test_held_out_device_beats_naive_and_analytic_on_apple() -> None:
+    obs = datasets.load_apple()
+    pairs = evaluate.cross_validate(obs, evaluate.device_key, screen=False)
+    held = evaluate.summarise(pairs)
+    base = evaluate.summarise(evaluate.analytic_only(obs))
+    naive = evaluate.summarise_naive(obs)
+    for metric in ("decode_tok_s", "prefill_tok_s"):
+        assert held[metric]["mape"] < base[metric]["mape"] < naive[metric]["mape"]
+    assert held["decode_tok_s"]["mape"] < 12
+    assert held["prefill_tok_s"]["mape"] < 10

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import pytest
+
+from tightfit.errors import TightfitError
+from tightfit.predictor import architectures, formats, hardware
+
+
+@pytest.mark.parametrize("name,bits", [("F16", 16), ("Q8_0", 8.5), ("Q6_K", 6.5625), ("Q4_0", 4.5),
+                                       ("Q4_1", 5.0), ("int4-g128", 4.125), ("int4-g32", 4.5),
+                                       ("int8", 8.0), ("fp32", 32.0), ("MXFP4", 4.25)])
+def test_bits_per_weight(name: str, bits: float) -> None:
+    assert formats.bits_per_weight(name) == bits
+
+
+def test_k_quant_mixes_sit_between_their_blocks() -> None:
+    assert 4.8 <= formats.bits_per_weight("Q4_K_M") <= 4.9
+    assert 5.5 <= formats.bits_per_weight("Q5_K_M") <= 5.7
+
+
+def test_unknown_quant_names_the_value() -> None:
+    with pytest.raises(TightfitError, match="Q9_Z"):
+        formats.bits_per_weight("Q9_Z")
+    with pytest.raises(TightfitError, match="native"):
+        formats.bits_per_weight("native")
+
+
+@pytest.mark.parametrize("fname,quant", [("Qwen3-4B-Q4_K_M.gguf", "q4_k_m"),
+                                         ("gemma-4-12B-it-QAT-Q4_0.gguf", "q4_0"),
+                                         ("Qwen-AgentWorld-35B-A3B-UD-Q4_K_XL.gguf", "q4_k_xl"),
+                                         ("gpt-oss-20b-MXFP4.gguf", "mxfp4"),
+                                         ("Llama-3.2-1B-Instruct-4bit", None)])
+def test_quant_from_filename(fname: str, quant: str | None) -> None:
+    assert formats.quant_from_filename(fname) == quant
+
+
+@pytest.mark.parametrize("name,total,active", [
+    ("SmolLM2-135M-Instruct-Q4_K_M.gguf", 0.135, None),
+    ("internlm2_5-1_8b-chat-Q4_K_M.gguf", 1.8, None),
+    ("SmallThinker-4BA0.6B-Instruct.Q4_K_M.gguf", 4.0, 0.6),
+    ("Qwen3.5-0.8B-Q4_0.gguf", 0.8, None),
+    ("NVIDIA-Nemotron-3-Super-120B-A12B-Q4_K_M.gguf", 120.0, 12.0),
+    ("llama3.2:1b", 1.0, None),
+])
+def test_parse_sizes(name: str, total: float, active: float | None) -> None:
+    assert architectures.parse_sizes(name) == (total, active)
+
+
+def test_known_moe_uses_the_table() -> None:
+    spec = architectures.lookup("Qwen3-30B-A3B-Instruct-2507-Q4_K_M.gguf")
+    assert spec is not None and spec.shape_known and spec.is_moe
+    assert (spec.n_layers, spec.active_params_b) == (48, 3.3)
+
+
+def test_name_without_size_is_unknown() -> None:
+    assert architectures.lookup("BAAI_AREX-Turbo-Q4_K_M.gguf") is None
+
+
+@pytest.mark.parametrize("name,bw", [("NVIDIA GeForce RTX 5070", 672), ("Apple M4 Pro", 273),
+                                     ("M2 Ultra", 800), ("Tesla T4", 320),
+                                     ("Intel(R) Xeon(R) CPU E5-2680 v4 @ 2.40GHz", 77),
+                                     ("Jetson Orin Nano", 68), ("Raspberry Pi 5", 17)])
+def test_catalog_lookup(name: str, bw: float) -> None:
+    spec = hardware.lookup(name)
+    assert spec is not None and spec.bandwidth_gbps == bw
+
+
+def test_catalog_does_not_guess_unknown_devices() -> None:
+    assert hardware.lookup("Quantum Potato 9000") is None
+    assert hardware.lookup("RTX 9999") is None
+
+
+def test_apple_core_count_scales_compute() -> None:
+    small, big = hardware.apple_chip("M2 Max", 30), hardware.apple_chip("M2 Max", 38)
+    assert big.fp16_tflops / small.fp16_tflops == pytest.approx(38 / 30)
+    assert small.device_class == "apple" and small.bandwidth_gbps == 400

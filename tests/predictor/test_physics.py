@@ -1,0 +1,76 @@
+"""The analytic base and memory model: directions and ratios that physics fixes."""
+from __future__ import annotations
+
+import pytest
+
+from tightfit.predictor import features, memory, roofline
+from tightfit.predictor.scenario import parse_row
+
+
+def _analyse(row):
+    return roofline.analyse(parse_row(row))
+
+
+def test_decode_time_tracks_weight_bytes(row) -> None:
+    row["quant"] = "F16"
+    row["hardware"]["memory_gb"] = 24
+    f16 = _analyse(row).decode
+    row["quant"] = "Q4_0"
+    q4 = _analyse(row).decode
+    assert f16.mem_s / q4.mem_s == pytest.approx(16 / 4.5, rel=0.1)
+
+
+def test_shares_sum_to_one_and_name_the_bottleneck(row) -> None:
+    b = _analyse(row)
+    for phase in (b.decode, b.prefill):
+        assert sum(phase.shares().values()) == pytest.approx(1.0)
+    assert max(b.decode.shares(), key=b.decode.shares().get) == "memory_bandwidth"
+    assert max(b.prefill.shares(), key=b.prefill.shares().get) == "compute"
+
+
+def test_too_big_for_the_gpu_offloads_and_slows_down(row) -> None:
+    fits = _analyse(row)
+    row["quant"] = "F16"
+    row["hardware"]["host_memory_gb"] = 64
+    off = _analyse(row)
+    assert fits.memory.fits_on_device and not off.memory.fits_on_device
+    assert off.memory.fits is True and 0 < off.memory.device_fraction < 1
+    assert off.decode.shares()["offload_transfer"] > 0.5
+    assert off.decode.total > 5 * fits.decode.total
+
+
+def test_layers_split_over_two_devices_double_capacity_not_speed(row) -> None:
+    row["quant"] = "Q8_0"
+    one = _analyse(row)
+    row["hardware"]["device_count"] = 2
+    two = _analyse(row)
+    assert not one.memory.fits_on_device and two.memory.fits_on_device
+    assert two.memory.capacity_bytes == pytest.approx(2 * one.memory.capacity_bytes)
+    assert two.decode.offload_s == 0 and two.decode.mem_s >= one.decode.mem_s * one.memory.device_fraction
+
+
+def test_kv_cache_grows_with_context_and_shrinks_with_dtype(row) -> None:
+    small = _analyse(row).memory.kv_bytes
+    row["workload"]["context_tokens"] = 8192
+    assert _analyse(row).memory.kv_bytes == pytest.approx(4 * small)
+    row["workload"]["kv_dtype"] = "q8_0"
+    assert _analyse(row).memory.kv_bytes == pytest.approx(4 * small * 1.0625 / 2)
+
+
+def test_llama3_8b_kv_bytes_per_token(row) -> None:
+    # 2 (K,V) x 32 layers x 8 kv heads x 128 dims x 2 bytes
+    assert memory.kv_bytes_per_token(parse_row(row)) == 2 * 32 * 8 * 128 * 2
+
+
+def test_hf_transformers_holds_dequantised_weights(row) -> None:
+    row["engine"] = "hf-transformers"
+    row["hardware"]["memory_gb"] = 40
+    hf = _analyse(row).memory.weights_bytes
+    assert hf == pytest.approx(8.03e9 * 2)
+
+
+def test_brief_lambda_factors() -> None:
+    assert features.lambda_mem(32) == 1.0 and features.lambda_mem(64) == pytest.approx(0.5)
+    assert features.lambda_mem(10) == 1.0
+    assert features.lambda_comp(2, 8) == pytest.approx(0.2449, abs=1e-4)
+    assert features.lambda_quant(4.5) == pytest.approx(4.5 / 16) and features.lambda_quant(32) == 1.0

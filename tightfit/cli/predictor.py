@@ -1,0 +1,57 @@
+"""`tightfit predictor evaluate|fit`: the predictor's honest evaluation (held out by device and by
+model) and refitting of the packaged model. Needs scikit-learn; no torch."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser("predictor", help="evaluate or refit the performance predictor",
+                              description="Maintenance commands for the performance predictor.")
+    sub = p.add_subparsers(dest="predictor_command", metavar="ACTION")
+    ev = sub.add_parser("evaluate", help="held-out accuracy: leave-one-device-out and "
+                                         "leave-one-model-out on the shipped measurement tables")
+    ev.add_argument("--split", choices=("device", "model", "both"), default="both",
+                    help="which held-out split(s) to run (default both)")
+    ev.add_argument("--no-screen", action="store_true",
+                    help="skip feature screening inside folds (faster; all candidate features)")
+    ev.add_argument("--plots", metavar="DIR", help="write predicted-vs-measured PNGs here")
+    ev.add_argument("--without-brief-factors", action="store_true",
+                    help="ablation: drop lambda_mem/comp/quant from the candidate features")
+    ev.add_argument("--json", action="store_true", help="print the results as JSON")
+    ev.set_defaults(func=run_evaluate)
+    fit = sub.add_parser("fit", help="fit on all shipped data and save the model JSON")
+    fit.add_argument("--output", "-o", help="where to write (default: the per-data-hash cache)")
+    fit.set_defaults(func=run_fit)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    from tightfit.predictor import report
+
+    splits = ("device", "model") if args.split == "both" else (args.split,)
+    result = report.run(splits, screen=not args.no_screen,
+                        exclude=report.BRIEF if args.without_brief_factors else ())
+    pairs = result.pop("_pairs")
+    if args.plots:
+        from tightfit.predictor import plots
+
+        for split, prs in pairs.items():
+            for metric in ("decode_tok_s", "prefill_tok_s"):
+                path = Path(args.plots) / f"predictor_{split}_{metric}.png"
+                plots.scatter(prs, metric, f"held out by {split}: {metric}", path)
+    print(json.dumps(result, indent=1, default=str) if args.json else report.render(result))
+    return 0
+
+
+def run_fit(args: argparse.Namespace) -> int:
+    from tightfit.predictor import artefact
+
+    path = Path(args.output) if args.output else None
+    model = artefact.fit_and_save(path)
+    where = path or artefact.cache_dir() / f"{model.data_hash}.json"
+    print(f"fitted on data {model.data_hash}: decode features {list(model.decode.base)} "
+          f"crosses {list(model.decode.crosses)}; prefill features {list(model.prefill.base)} -> {where}")
+    return 0

@@ -1,0 +1,233 @@
+"""Model shapes: a small table of known architectures, and a parser for model/file names.
+
+A name such as `Qwen3-30B-A3B-Instruct-Q4_K_M.gguf` gives total and active parameters; layer and
+width counts come from the table when the family is known, otherwise from a size-based estimate
+(good to a few percent for weight bytes, rougher for KV size). Returns None when no size is found.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a decoder-only transformer; `active_params_b` < `params_b` for mixtures of experts."""
+
+    name: str
+    params_b: float
+    active_params_b: float
+    n_layers: int
+    hidden_size: int
+    n_heads: int
+    n_kv_heads: int
+    vocab_size: int
+    intermediate_size: int
+    head_dim: int
+    shape_known: bool = True
+
+    @property
+    def is_moe(self) -> bool:
+        return self.active_params_b < 0.9 * self.params_b
+
+    def kv_elements_per_token(self) -> int:
+        """K and V elements stored per token, all layers."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim
+
+
+def _m(name: str, p: float, layers: int, hidden: int, heads: int, kv: int, vocab: int,
+       inter: int, active: float | None = None, head_dim: int | None = None) -> ModelSpec:
+    return ModelSpec(name, p, active if active is not None else p, layers, hidden, heads, kv,
+                     vocab, inter, head_dim or hidden // heads)
+
+
+# Public configuration values of common open models (parameters in billions, embeddings included).
+KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
+    _m("llama-2-7b", 6.74, 32, 4096, 32, 32, 32000, 11008),
+    _m("llama-2-13b", 13.0, 40, 5120, 40, 40, 32000, 13824),
+    _m("llama-3-8b", 8.03, 32, 4096, 32, 8, 128256, 14336),
+    _m("llama-3.1-8b", 8.03, 32, 4096, 32, 8, 128256, 14336),
+    _m("llama-3.1-70b", 70.6, 80, 8192, 64, 8, 128256, 28672),
+    _m("llama-3.2-1b", 1.24, 16, 2048, 32, 8, 128256, 8192),
+    _m("llama-3.2-3b", 3.21, 28, 3072, 24, 8, 128256, 8192),
+    _m("tinyllama-1.1b", 1.10, 22, 2048, 32, 4, 32000, 5632),
+    _m("smollm2-135m", 0.135, 30, 576, 9, 3, 49152, 1536),
+    _m("smollm2-360m", 0.362, 32, 960, 15, 5, 49152, 2560),
+    _m("smollm2-1.7b", 1.71, 24, 2048, 32, 32, 49152, 8192),
+    _m("smollm3-3b", 3.08, 36, 2048, 16, 4, 128256, 11008),
+    _m("qwen2.5-0.5b", 0.49, 24, 896, 14, 2, 151936, 4864),
+    _m("qwen2.5-1.5b", 1.54, 28, 1536, 12, 2, 151936, 8960),
+    _m("qwen2.5-3b", 3.09, 36, 2048, 16, 2, 151936, 11008),
+    _m("qwen2.5-7b", 7.62, 28, 3584, 28, 4, 152064, 18944),
+    _m("qwen2.5-14b", 14.8, 48, 5120, 40, 8, 152064, 13824),
+    _m("qwen2.5-32b", 32.8, 64, 5120, 40, 8, 152064, 27648),
+    _m("qwen3-0.6b", 0.60, 28, 1024, 16, 8, 151936, 3072, head_dim=128),
+    _m("qwen3-1.7b", 1.72, 28, 2048, 16, 8, 151936, 6144, head_dim=128),
+    _m("qwen3-4b", 4.02, 36, 2560, 32, 8, 151936, 9728, head_dim=128),
+    _m("qwen3-8b", 8.19, 36, 4096, 32, 8, 151936, 12288),
+    _m("qwen3-14b", 14.8, 40, 5120, 40, 8, 151936, 17408),
+    _m("qwen3-32b", 32.8, 64, 5120, 64, 8, 151936, 25600, head_dim=128),
+    _m("qwen3-30b-a3b", 30.5, 48, 2048, 32, 4, 151936, 768, active=3.3, head_dim=128),
+    _m("qwen3-coder-next", 80.0, 48, 2048, 16, 2, 151936, 512, active=3.0, head_dim=256),
+    _m("gemma-2-2b", 2.61, 26, 2304, 8, 4, 256000, 9216, head_dim=256),
+    _m("gemma-2-9b", 9.24, 42, 3584, 16, 8, 256000, 14336, head_dim=256),
+    _m("gemma-2-27b", 27.2, 46, 4608, 32, 16, 256000, 36864, head_dim=128),
+    _m("gemma-3-270m", 0.268, 18, 640, 4, 1, 262144, 2048, head_dim=256),
+    _m("gemma-3-1b", 1.00, 26, 1152, 4, 1, 262144, 6912, head_dim=256),
+    _m("gemma-3-4b", 3.88, 34, 2560, 8, 4, 262208, 10240, head_dim=256),
+    _m("gemma-3-12b", 12.2, 48, 3840, 16, 8, 262208, 15360, head_dim=256),
+    _m("gemma-3-27b", 27.4, 62, 5376, 32, 16, 262208, 21504, head_dim=128),
+    _m("gemma-3n-e2b", 4.5, 30, 2048, 8, 2, 262400, 8192, head_dim=256),
+    _m("gemma-3n-e4b", 6.9, 35, 2048, 8, 2, 262400, 16384, head_dim=256),
+    _m("phi-3-mini", 3.82, 32, 3072, 32, 32, 32064, 8192),
+    _m("phi-3.5-mini", 3.82, 32, 3072, 32, 32, 32064, 8192),
+    _m("phi-3-medium", 14.0, 40, 5120, 40, 10, 32064, 17920),
+    _m("phi-4", 14.7, 40, 5120, 40, 10, 100352, 17920),
+    _m("phi-4-mini", 3.84, 32, 3072, 24, 8, 200064, 8192),
+    _m("mistral-7b", 7.25, 32, 4096, 32, 8, 32768, 14336),
+    _m("mistral-nemo", 12.2, 40, 5120, 32, 8, 131072, 14336, head_dim=128),
+    _m("mistral-small-24b", 23.6, 40, 5120, 32, 8, 131072, 32768, head_dim=128),
+    _m("ministral-8b", 8.02, 36, 4096, 32, 8, 131072, 12288),
+    _m("codestral-22b", 22.2, 56, 6144, 48, 8, 32768, 16384),
+    _m("deepseek-coder-v2-lite", 15.7, 27, 2048, 16, 16, 102400, 1408, active=2.4, head_dim=128),
+    _m("gpt-oss-20b", 20.9, 24, 2880, 64, 8, 201088, 2880, active=3.6, head_dim=64),
+    _m("gpt-oss-120b", 117.0, 36, 2880, 64, 8, 201088, 2880, active=5.1, head_dim=64),
+    _m("falcon3-1b", 1.67, 18, 2048, 8, 4, 131072, 8192, head_dim=256),
+    _m("falcon3-3b", 3.23, 22, 3072, 12, 4, 131072, 9216, head_dim=256),
+    _m("falcon3-7b", 7.46, 28, 3072, 12, 4, 131072, 23040, head_dim=256),
+    _m("falcon3-10b", 10.3, 40, 3072, 12, 4, 131072, 23040, head_dim=256),
+    _m("granite-3.1-8b", 8.17, 40, 4096, 32, 8, 49155, 12800),
+    _m("granite-3.1-1b-a400m", 1.33, 24, 1024, 16, 8, 49155, 512, active=0.4),
+    _m("granite-3.1-3b-a800m", 3.3, 32, 1536, 24, 8, 49155, 512, active=0.8),
+    _m("granite-4.0-h-small", 32.0, 40, 4096, 32, 8, 100352, 1536, active=9.0),
+    _m("internlm3-8b", 8.8, 48, 4096, 32, 2, 128512, 10240),
+    _m("yi-1.5-9b", 8.83, 48, 4096, 32, 4, 64000, 11008),
+    _m("yi-1.5-34b", 34.4, 60, 7168, 56, 8, 64000, 20480),
+    _m("glm-4-9b", 9.4, 40, 4096, 32, 2, 151552, 13696),
+    _m("olmo-2-13b", 13.7, 40, 5120, 40, 40, 100352, 13824),
+    _m("olmo-2-32b", 32.2, 64, 5120, 40, 8, 100352, 27648),
+    _m("exaone-3.5-7.8b", 7.82, 32, 4096, 32, 8, 102400, 14336),
+    _m("aya-expanse-8b", 8.03, 32, 4096, 32, 8, 256000, 14336),
+    _m("aya-expanse-32b", 32.3, 40, 8192, 64, 8, 256000, 24576),
+    _m("c4ai-command-r7b", 8.03, 32, 4096, 32, 8, 256000, 14336),
+    _m("lfm2-8b-a1b", 8.3, 24, 2048, 32, 8, 65536, 1792, active=1.5),
+    _m("ernie-4.5-21b-a3b", 21.8, 28, 2560, 20, 4, 103424, 1536, active=3.0),
+    _m("ernie-4.5-0.3b", 0.36, 18, 1024, 16, 2, 103424, 3072),
+    _m("phi-4-reasoning-plus", 14.7, 40, 5120, 40, 10, 100352, 17920),
+    _m("mistral-small-3.2-24b", 23.6, 40, 5120, 32, 8, 131072, 32768, head_dim=128),
+    _m("magistral-small", 23.6, 40, 5120, 32, 8, 131072, 32768, head_dim=128),
+    _m("devstral-small", 23.6, 40, 5120, 32, 8, 131072, 32768, head_dim=128),
+]}
+
+# Name fragments -> table key, checked in order after normalisation (longest first matters).
+_FAMILY_HINTS: list[tuple[str, str]] = [
+    ("deepseek-coder-v2-lite", "deepseek-coder-v2-lite"), ("gpt-oss-20b", "gpt-oss-20b"),
+    ("gpt-oss-120b", "gpt-oss-120b"), ("gpt-oss:20b", "gpt-oss-20b"),
+    ("phi-3.5-mini", "phi-3.5-mini"), ("phi-3-mini", "phi-3-mini"), ("phi-3-medium", "phi-3-medium"),
+    ("phi-4-mini", "phi-4-mini"), ("phi-4-reasoning", "phi-4-reasoning-plus"), ("phi-4", "phi-4"),
+    ("mistral-nemo", "mistral-nemo"), ("magistral-small", "magistral-small"),
+    ("devstral-small", "devstral-small"), ("granite-4.0-h-small", "granite-4.0-h-small"),
+    ("command-r7b", "c4ai-command-r7b"), ("qwen3-coder-next", "qwen3-coder-next"),
+    ("llama-2-7b", "llama-2-7b"), ("llama2-7b", "llama-2-7b"),
+    ("distill-qwen-1.5b", "qwen2.5-1.5b"), ("distill-qwen-7b", "qwen2.5-7b"),
+    ("distill-qwen-14b", "qwen2.5-14b"), ("distill-llama-8b", "llama-3.1-8b"),
+    ("qwen3-coder-30b-a3b", "qwen3-30b-a3b"), ("deepseek-r1:7b", "qwen2.5-7b"),
+]
+
+
+def estimate_shape(name: str, params_b: float, active_b: float | None = None) -> ModelSpec:
+    """A typical dense shape for a parameter count (used when the family is not in the table)."""
+    p = max(params_b, 0.01)
+    dense = active_b if active_b is not None else p
+    hidden = int(64 * round(math.sqrt(dense * 1e9 / (12 * _layers_for(dense) * 1.0)) / 64)) or 64
+    layers = _layers_for(dense)
+    heads = max(1, hidden // 128)
+    kv = max(1, min(8, heads // 4))
+    vocab = 128000 if dense >= 0.5 else 50000
+    return ModelSpec(name, p, dense, layers, hidden, heads, kv, vocab, 4 * hidden, 128,
+                     shape_known=False)
+
+
+def _layers_for(params_b: float) -> int:
+    # Fitted by eye to common dense models: 0.1B->24, 1B->20, 7B->32, 14B->40, 32B->64, 70B->80.
+    return int(min(96, max(16, round(18 + 14 * math.log10(max(params_b, 0.1)) ** 2
+                                     + 10 * math.log10(max(params_b, 0.1))))))
+
+
+_SIZE = re.compile(r"(?<![0-9a-z.])(\d+(?:[._]\d+)?)([bm])(?=$|[-_ .:/]|a\d)", re.IGNORECASE)
+_ACTIVE = re.compile(r"(?:^|[-_ .:/]|\d[bB])a(\d+(?:[._]\d+)?)([bm])(?=$|[-_ .:/])", re.IGNORECASE)
+_EFFECTIVE = re.compile(r"(?:^|[-_ .:/])e(\d+(?:\.\d+)?)b(?=$|[-_ .:/])", re.IGNORECASE)
+_MOE = re.compile(r"(?:^|[-_ .:/])(\d+)x(\d+(?:\.\d+)?)b(?=$|[-_ .:/])", re.IGNORECASE)
+
+
+def clean_name(raw: str) -> str:
+    """Lower-case model name without path, extension, organisation prefix or quant suffix."""
+    s = raw.strip().rsplit("/", 1)[-1]
+    s = re.sub(r"\.gguf$", "", s, flags=re.IGNORECASE)
+    s = re.sub(r"[-_.](?:ud-)?(?:i?q\d(?:_[0-9a-z]+)*|f16|bf16|f32|mxfp4|nvfp4)(?:-fp16)?$", "",
+               s, flags=re.IGNORECASE)
+    return s.lower()
+
+
+def _num(text: str, unit: str) -> float:
+    value = float(text.replace("_", "."))
+    return value / 1000.0 if unit.lower() == "m" else value
+
+
+def parse_sizes(name: str) -> tuple[float | None, float | None]:
+    """(total, active) billions of parameters stated in a name; either may be None."""
+    s = clean_name(name)
+    moe = _MOE.search(s)
+    if moe:
+        return int(moe.group(1)) * float(moe.group(2)) * 0.8, None
+    active = _ACTIVE.search(s)
+    act = _num(active.group(1), active.group(2)) if active else None
+    eff = _EFFECTIVE.search(s)
+    if eff:  # "E4B" = 4B effective; runtimes still stream the per-layer embeddings (~1.7x)
+        e = float(eff.group(1))
+        return e * 1.7, None
+    sizes = [_num(m.group(1), m.group(2)) for m in _SIZE.finditer(s)]
+    if act is not None:
+        sizes = [x for x in sizes if abs(x - act) > 1e-9] or sizes
+    return (max(sizes) if sizes else None), act
+
+
+def lookup(name: str) -> ModelSpec | None:
+    """ModelSpec for a model or GGUF file name, or None when no size can be derived."""
+    s = clean_name(name)
+    key = _table_key(s)
+    if key:
+        return replace(KNOWN[key], name=s)
+    total, active = parse_sizes(s)
+    if total is None:
+        return None
+    return estimate_shape(s, total, active)
+
+
+def _table_key(s: str) -> str | None:
+    for frag, key in _FAMILY_HINTS:
+        if frag in s:
+            return key
+    total, active = parse_sizes(s)
+    if total is None:
+        return None
+    for key, spec in KNOWN.items():
+        family = key.rsplit("-", 1)[0] if not spec.is_moe else key
+        if spec.is_moe and key in s:
+            return key
+        if not spec.is_moe and _family_in(family, s) and _size_matches(key, total, active):
+            return key
+    return None
+
+
+def _family_in(family: str, s: str) -> bool:
+    return family in s or family.replace("-", "") in s.replace("-", "")
+
+
+def _size_matches(key: str, total: float, active: float | None) -> bool:
+    if active is not None:
+        return False
+    tag = key.rsplit("-", 1)[1]
+    size = _num(tag[:-1], tag[-1]) if tag[-1] in "bm" and tag[:-1].replace(".", "").isdigit() else None
+    return size is not None and abs(size - total) / size < 0.05

@@ -1,0 +1,68 @@
+"""Measure this machine (memory bandwidth by a numpy copy, matmul rate by a numpy fp32 GEMM) and
+write a device profile that `predict` uses for hardware "local"/"this". Does not run an engine:
+the short engine run of the issue is left to `tightfit bench` (the engine is a separate layer).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from tightfit.predictor.hardware import DeviceSpec
+
+
+def _best_of(fn: object, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()  # type: ignore[operator]
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def copy_bandwidth_gbps(mb: int = 256, repeats: int = 5) -> float:
+    """Bytes read + written per second by numpy.copyto of a `mb`-MB array (best of `repeats`)."""
+    import numpy as np
+
+    src = np.ones(mb * 2**20 // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    t = _best_of(lambda: np.copyto(dst, src), repeats)
+    return 2 * src.nbytes / t / 1e9
+
+
+def matmul_tflops(n: int = 1024, repeats: int = 5) -> float:
+    """fp32 GEMM rate (2 n^3 FLOPs per product), best of `repeats`."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    t = _best_of(lambda: a @ b, repeats)
+    return 2 * n**3 / t / 1e12
+
+
+def total_memory_gb() -> float:
+    import psutil
+
+    return psutil.virtual_memory().total / 2**30
+
+
+def measure(mb: int = 256, n: int = 1024) -> DeviceSpec:
+    """A DeviceSpec for this machine's CPU from quick measurements (a few seconds)."""
+    cores = os.cpu_count() or 1
+    bw = copy_bandwidth_gbps(mb)
+    tf = matmul_tflops(n)
+    name = f"local {platform.machine()} {cores}-core"
+    return DeviceSpec(name, "cpu", round(total_memory_gb(), 2), round(bw, 2), round(tf, 4), cores,
+                      8, True, round(bw, 2), None, round(bw, 2), 1, cores)
+
+
+def save_profile(spec: DeviceSpec, path: Path) -> dict[str, object]:
+    payload = {"device": asdict(spec), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+               "method": {"bandwidth": "numpy copyto, read+write bytes", "matmul": "numpy fp32 GEMM"}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1))
+    return payload

@@ -1,0 +1,79 @@
+"""One scenario + a fitted model -> one prediction (numbers only; api.py formats JSON).
+
+prediction = analytic base x exp(learned log residual), the residual clipped to +-1.5 so that
+scenarios far from the training data fall back towards physics instead of extrapolating.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tightfit.predictor import attribution, features, roofline
+from tightfit.predictor.memory import GB
+from tightfit.predictor.models import PredictorModel, ResidualModel
+from tightfit.predictor.roofline import Breakdown
+from tightfit.predictor.scenario import Scenario
+
+MAX_RESIDUAL = 1.5
+MEMORY_BAND = 0.15
+
+
+@dataclass(frozen=True)
+class Prediction:
+    id: str
+    fits: bool | None
+    fits_on_device: bool
+    peak_memory_gb: float
+    offload_fraction: float
+    prefill_tok_s: float | None
+    decode_tok_s: float
+    ttft_s: float
+    tpot_s: float
+    bottleneck: str
+    factors: dict[str, float]
+    interval: dict[str, tuple[float, float]]
+    notes: tuple[str, ...]
+
+
+def residual(model: ResidualModel, s: Scenario, b: Breakdown, phase: str) -> float:
+    r = model.predict_log(features.features(s, b, phase))
+    return max(-MAX_RESIDUAL, min(MAX_RESIDUAL, r))
+
+
+def predict_scenario(s: Scenario, model: PredictorModel,
+                     observed: dict[str, float] | None = None) -> Prediction:
+    b = roofline.analyse(s)
+    w = s.workload
+    t_step = b.decode.total / math.exp(residual(model.decode, s, b, "decode"))
+    t_pre = b.prefill.total / math.exp(residual(model.prefill, s, b, "prefill")) if w.prompt_tokens else 0.0
+    ttft = t_pre + b.request_overhead_s + (t_step if w.prompt_tokens == 0 else 0.0)
+    prefill = w.batch * w.prompt_tokens / t_pre if t_pre > 0 else None
+    factors = attribution.factors(s, b, t_step, t_pre, observed or {})
+    return Prediction(
+        id=s.id, fits=b.memory.fits, fits_on_device=b.memory.fits_on_device,
+        peak_memory_gb=b.memory.peak_bytes / GB, offload_fraction=1 - b.memory.device_fraction,
+        prefill_tok_s=prefill, decode_tok_s=w.batch / t_step, ttft_s=ttft, tpot_s=t_step,
+        bottleneck=attribution.bottleneck(b.decode), factors=factors,
+        interval=_intervals(s, model, b, t_step, t_pre, ttft), notes=s.notes,
+    )
+
+
+def _band(value: float, lo: float, hi: float, widen: float) -> tuple[float, float]:
+    return value * math.exp(lo * widen), value * math.exp(hi * widen)
+
+
+def _intervals(s: Scenario, model: PredictorModel, b: Breakdown, t_step: float, t_pre: float,
+               ttft: float) -> dict[str, tuple[float, float]]:
+    dlo, dhi = model.decode.interval
+    plo, phi = model.prefill.interval
+    wid = s.widen
+    mem = b.memory.peak_bytes / GB
+    out = {
+        "decode_tok_s": _band(s.workload.batch / t_step, dlo, dhi, wid),
+        "tpot_s": _band(t_step, -dhi, -dlo, wid),
+        "ttft_s": _band(ttft, -phi, -plo, wid),
+        "peak_memory_gb": (mem * (1 - MEMORY_BAND * wid), mem * (1 + MEMORY_BAND * wid)),
+    }
+    if t_pre > 0:
+        out["prefill_tok_s"] = _band(s.workload.batch * s.workload.prompt_tokens / t_pre, plo, phi, wid)
+    return out

@@ -1,0 +1,203 @@
+"""Measurement tables -> labelled scenarios for fitting and evaluation, with stated filter rules.
+
+Reads the TSVs shipped in `predictor/data/` (or `TIGHTFIT_SHARED_DATA`). Each filter rule is named
+and counted so that the evaluation report can print what was dropped and why.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tightfit.predictor import architectures, formats, hardware
+from tightfit.predictor.hardware import DeviceSpec
+from tightfit.predictor.scenario import Scenario, Workload
+
+APPLE_FILE = "llamacpp_4167_apple_silicon_llama2_7b.tsv"
+LLMFIT_FILE = "llmfit_community_benchmarks.tsv"
+DESIGN_FILE = "design_reference.tsv"
+MIN_OVER_AVG = 0.5       # rule: unstable run if the slowest repetition < half the average
+MAX_BW_UTIL = 1.15       # rule: physically impossible if implied bandwidth > 115% of peak
+
+
+@dataclass(frozen=True)
+class Observation:
+    scenario: Scenario
+    metric: str          # decode_tok_s | prefill_tok_s | ttft_s | peak_memory_gb | fits
+    value: float
+    device_key: str
+    model_key: str
+    source: str
+
+
+def data_dir() -> Path:
+    env = os.environ.get("TIGHTFIT_SHARED_DATA")
+    return Path(env) if env else Path(__file__).parent / "data"
+
+
+def data_hash(directory: Path | None = None) -> str:
+    h = hashlib.sha256()
+    for name in (APPLE_FILE, LLMFIT_FILE, DESIGN_FILE):
+        h.update((Path(directory or data_dir()) / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _read(name: str, directory: Path | None) -> list[dict[str, str]]:
+    with open(Path(directory or data_dir()) / name, newline="") as fh:
+        return list(csv.DictReader(fh, delimiter="\t"))
+
+
+def model_key(name: str) -> str:
+    """Model identity for leave-one-model-out: the name without org prefix, tuning tags or quant."""
+    s = architectures.clean_name(name)
+    s = re.sub(r"^[a-z0-9.-]+_", "", s)
+    s = re.sub(r"[-_:](instruct|it|chat|thinking|base|pt|hf|mlx|4bit|latest|v\d[\w.]*|\d{4}).*$",
+               "", s)
+    return s
+
+
+def load_apple(directory: Path | None = None) -> list[Observation]:
+    out = []
+    model = architectures.KNOWN["llama-2-7b"]
+    for row in _read(APPLE_FILE, directory):
+        device = hardware.apple_chip(row["chip"], int(row["gpu_cores"]))
+        device = hardware.with_overrides(device, bandwidth_gbps=float(row["mem_bw_GBps"]))
+        key = hardware.normalise_name(device.name)  # same key as the llmfit rows of that chip
+        for quant in ("f16", "q8_0", "q4_0"):
+            for metric, col, wl in (("prefill_tok_s", f"{quant}_pp512_tps", Workload(512, 0, 1, 512)),
+                                    ("decode_tok_s", f"{quant}_tg128_tps", Workload(0, 128, 1, 128))):
+                if row.get(col):
+                    sc = Scenario(f"apple-{row['chip']}-{row['gpu_cores']}-{quant}-{metric}", device,
+                                  model, quant, formats.bits_per_weight(quant), "llama.cpp", wl)
+                    out.append(Observation(sc, metric, float(row[col]), key, "llama-2-7b", "apple"))
+    return out
+
+
+def load_design(directory: Path | None = None) -> list[Observation]:
+    out = []
+    for i, row in enumerate(_read(DESIGN_FILE, directory)):
+        device = hardware.lookup(row["device"])
+        model = architectures.lookup(row["model"])
+        assert device is not None and model is not None, row
+        wl = Workload(int(row["prompt_tokens"]), int(row["gen_tokens"]), 1, int(row["context_tokens"]))
+        sc = Scenario(f"design-{i}", device, model, row["quant"],
+                      formats.bits_per_weight(row["quant"]), row["engine"], wl)
+        value = float(row["value"]) * (1e9 / 2**30 if row["metric"] == "peak_memory_gb" else 1.0)
+        out.append(Observation(sc, row["metric"], value, hardware.normalise_name(device.name),
+                               model_key(row["model"]), "design"))
+    return out
+
+
+def load_llmfit(directory: Path | None = None) -> tuple[list[Observation], Counter[str]]:
+    """llama.cpp rows of the llmfit table that pass the rules; also the count dropped per rule."""
+    dropped: Counter[str] = Counter()
+    out, seen = [], set()
+    for row in _read(LLMFIT_FILE, directory):
+        reason = _llmfit_reject(row, seen)
+        if reason:
+            dropped[reason] += 1
+            continue
+        obs = _llmfit_observation(row)
+        if obs is None:
+            dropped["hardware not in catalog"] += 1
+        elif _impossible(obs):
+            dropped["implied bandwidth > 115% of peak (name misstates the model)"] += 1
+        else:
+            out.append(obs)
+    return out, dropped
+
+
+def _llmfit_reject(row: dict[str, str], seen: set[tuple[str, ...]]) -> str | None:
+    ident = (row["hardware_name"], row["model_file"], row["avg_decode_tps"], row["avg_total_ms"])
+    if ident in seen:
+        return "exact duplicate row"
+    seen.add(ident)
+    if row["provider"] != "llamacpp":
+        return f"provider {row['provider']} (not llama.cpp)"
+    if architectures.lookup(row["model_file"]) is None:
+        return "model size not derivable from the file name"
+    if formats.quant_from_filename(row["model_file"]) is None:
+        return "weight format not derivable from the file name"
+    if float(row["min_decode_tps"]) < MIN_OVER_AVG * float(row["avg_decode_tps"]):
+        return "unstable run (min < 0.5 x avg)"
+    return None
+
+
+def _llmfit_device(row: dict[str, str]) -> DeviceSpec | None:
+    spec = hardware.lookup(row["hardware_name"])
+    if spec is None:
+        return None
+    count = max(int(row["gpu_count"]), 1)
+    host = hardware.lookup(row["cpu"])
+    return hardware.with_overrides(
+        spec, memory_gb=float(row["vram_gb"]) / count, device_count=count,
+        host_memory_gb=float(row["ram_gb"]),
+        host_bandwidth_gbps=host.bandwidth_gbps if host and not spec.unified else None,
+    )
+
+
+def _llmfit_observation(row: dict[str, str]) -> Observation | None:
+    device = _llmfit_device(row)
+    model = architectures.lookup(row["model_file"])
+    quant = formats.quant_from_filename(row["model_file"])
+    if device is None or model is None or quant is None:
+        return None
+    gen = int(float(row["avg_output_tokens"]))
+    sc = Scenario(f"llmfit-{row['source_file']}-{row['model_file']}", device, model, quant,
+                  formats.bits_per_weight(quant), "llama.cpp", Workload(64, gen, 1, 4096))
+    return Observation(sc, "decode_tok_s", float(row["avg_decode_tps"]),
+                       hardware.normalise_name(row["hardware_name"]), model_key(row["model_file"]),
+                       "llmfit")
+
+
+def _impossible(obs: Observation) -> bool:
+    s = obs.scenario
+    bytes_tok = s.model.active_params_b * 1e9 * s.bits_per_weight / 8
+    return bytes_tok * obs.value > MAX_BW_UTIL * s.device.bandwidth_gbps * 1e9
+
+
+def _median_log_ratio(obs: list[Observation]) -> float:
+    from tightfit.predictor import roofline
+
+    logs = sorted(math.log(o.value * roofline.analyse(o.scenario).decode.total) for o in obs)
+    return logs[len(logs) // 2]
+
+
+def relabel_unused_gpus(obs: list[Observation], rows: list[dict[str, str]]) -> tuple[list[Observation], list[str]]:
+    """Rule: a discrete GPU whose rows are, in the median, over 1.5x slower than the analytic GPU
+    hypothesis and whose host-CPU hypothesis has under half its median log error ran on the CPU:
+    relabel the device (the runtime evidently did not use the GPU)."""
+    host_of = {hardware.normalise_name(r["hardware_name"]): r["cpu"] for r in rows}
+    out, moved = [], []
+    for key in sorted({o.device_key for o in obs}):
+        group = [o for o in obs if o.device_key == key]
+        cpu = hardware.lookup(host_of.get(key, ""))
+        if group[0].scenario.device.device_class != "discrete_gpu" or cpu is None:
+            out += group
+            continue
+        as_cpu = [replace(o, scenario=replace(o.scenario, device=replace(
+            cpu, host_memory_gb=o.scenario.device.host_memory_gb))) for o in group]
+        gpu_err, cpu_err = _median_log_ratio(group), _median_log_ratio(as_cpu)
+        if gpu_err < math.log(1 / 1.5) and abs(cpu_err) < 0.5 * abs(gpu_err):
+            out += as_cpu
+            moved.append(key)
+        else:
+            out += group
+    return out, moved
+
+
+def load_all(directory: Path | None = None) -> tuple[list[Observation], Counter[str]]:
+    llmfit, dropped = load_llmfit(directory)
+    decode = [o for o in llmfit if o.metric == "decode_tok_s"]
+    relabelled, moved = relabel_unused_gpus(decode, _read(LLMFIT_FILE, directory))
+    for key in moved:
+        dropped[f"relabelled to host CPU (GPU evidently unused): {key}"] = sum(
+            o.device_key == key for o in decode)
+    fits = [Observation(o.scenario, "fits", 1.0, o.device_key, o.model_key, "llmfit")
+            for o in relabelled]
+    return load_apple(directory) + relabelled + fits + load_design(directory), dropped

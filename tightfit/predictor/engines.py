@@ -1,0 +1,52 @@
+"""Per-engine priors: how each runtime stores weights and KV, what it costs per step, how it offloads.
+
+These are starting values from public figures and this project's reference measurements; the
+learned residual (models.py) corrects them per engine and device class from measured data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ENGINES = ("llama.cpp", "tightfit", "hf-transformers")
+_ALIASES = {"llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "llama_cpp": "llama.cpp",
+            "ollama": "llama.cpp", "hf": "hf-transformers", "transformers": "hf-transformers",
+            "huggingface": "hf-transformers"}
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """Priors for one engine on one device class. Times in seconds, sizes in MB."""
+
+    bw_eff: float            # fraction of peak bandwidth reached streaming weights in decode
+    comp_eff: float          # fraction of peak matrix rate reached in prefill
+    decode_comp_eff: float   # fraction of peak matrix rate reached in decode (dequantising GEMV)
+    step_overhead_s: float   # fixed cost of one decode step (launches, sampling, sync)
+    layer_overhead_s: float  # extra cost per layer per step
+    request_overhead_s: float  # tokenisation, scheduling, first-sample cost per request
+    host_runtime_mb: float   # process baseline in RAM
+    device_runtime_mb: float  # context/driver memory held on an accelerator
+    dequantises: bool        # loads quantised weights into a float compute dtype
+    offload: str             # "layer_split" (CPU runs its layers) | "stream" (weights cross the link)
+
+
+def canonical_engine(name: str) -> str | None:
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    return key if key in ENGINES else None
+
+
+def profile(engine: str, device_class: str) -> EngineProfile:
+    """Priors for an engine (canonical name) on a device class."""
+    cpu = device_class == "cpu"
+    if engine == "llama.cpp":
+        if cpu:
+            return EngineProfile(0.6, 0.5, 0.3, 4e-4, 2e-5, 0.01, 90, 0, False, "layer_split")
+        return EngineProfile(0.75, 0.5, 0.5, 6e-4, 2e-5, 0.02, 80, 300, False, "layer_split")
+    if engine == "hf-transformers":
+        if cpu:
+            return EngineProfile(0.35, 0.4, 0.4, 4e-3, 6e-4, 0.05, 450, 0, True, "stream")
+        return EngineProfile(0.6, 0.5, 0.4, 4e-3, 4e-4, 0.05, 600, 500, True, "stream")
+    # tightfit: torch-based engine with packed quantised weights; priors until measured.
+    if cpu:
+        return EngineProfile(0.4, 0.4, 0.3, 2e-3, 2e-4, 0.03, 350, 0, False, "stream")
+    return EngineProfile(0.6, 0.45, 0.4, 2e-3, 2e-4, 0.03, 450, 400, False, "stream")

@@ -1,0 +1,73 @@
+"""Features for the learned residual: pure functions of a scenario and its analytic breakdown.
+
+Includes the source brief's decay factors (lambda_mem, lambda_comp, lambda_quant and their product)
+so that screening and the held-out evaluation can say whether they help. No I/O, no state.
+"""
+from __future__ import annotations
+
+import math
+
+from tightfit.predictor.hardware import CLASSES
+from tightfit.predictor.roofline import Breakdown, Phase
+from tightfit.predictor.scenario import Scenario
+
+ENGINE_FEATURES = ("engine_hf", "engine_tightfit")
+BRIEF_FEATURES = ("lambda_mem", "lambda_comp", "lambda_quant", "lambda_all")
+
+
+def lambda_mem(bandwidth_gbps: float) -> float:
+    """Brief: 1 / (1 + log2(BW / 32)), clamped to [0, 1] (BW below 32 GB/s gives 1)."""
+    return min(1.0, 1.0 / (1.0 + math.log2(max(bandwidth_gbps, 32.0) / 32.0)))
+
+
+def lambda_comp(compute_units: int, simd_width: int) -> float:
+    """Brief: tanh(CU_eff / 64) with CU_eff = compute units x SIMD width."""
+    return math.tanh(compute_units * simd_width / 64.0)
+
+
+def lambda_quant(bits_per_weight: float) -> float:
+    """Brief: weight bits / 16 (linear on purpose), capped at 1 for fp32."""
+    return min(1.0, bits_per_weight / 16.0)
+
+
+def _shares(phase: Phase) -> dict[str, float]:
+    sh = phase.shares()
+    return {"share_overhead": sh["overhead"], "share_offload": sh["offload_transfer"],
+            "share_compute": sh["compute"]}
+
+
+def features(s: Scenario, b: Breakdown, phase: str) -> dict[str, float]:
+    """Feature dict for one scenario and phase ('decode' or 'prefill')."""
+    d, m = s.device, s.model
+    lm, lc, lq = lambda_mem(d.bandwidth_gbps), lambda_comp(d.compute_units, d.simd_width), \
+        lambda_quant(s.bits_per_weight)
+    f = {
+        "log_bandwidth": math.log(d.bandwidth_gbps),
+        "log_tflops": math.log(d.fp16_tflops),
+        "log_flops_per_byte": math.log(d.fp16_tflops * 1e3 / d.bandwidth_gbps),
+        "lambda_mem": lm, "lambda_comp": lc, "lambda_quant": lq, "lambda_all": lm * lc * lq,
+        "bits_per_weight": s.bits_per_weight,
+        "log_active_gb": math.log(max(m.active_params_b * s.bits_per_weight / 8, 1e-3)),
+        "log_layers": math.log(m.n_layers),
+        "moe_active_ratio": m.active_params_b / m.params_b,
+        "k_quant": 1.0 if "_k" in s.quant else 0.0,
+        "engine_hf": 1.0 if s.engine == "hf-transformers" else 0.0,
+        "engine_tightfit": 1.0 if s.engine == "tightfit" else 0.0,
+    }
+    f.update({f"class_{c}": 1.0 if d.device_class == c else 0.0 for c in CLASSES})
+    f.update(_shares(b.decode if phase == "decode" else b.prefill))
+    if phase == "prefill":
+        f["log_prompt"] = math.log(max(s.workload.prompt_tokens, 1))
+    return f
+
+
+def feature_names(phase: str) -> list[str]:
+    """All candidate features of a phase, in a fixed order."""
+    from tightfit.predictor.architectures import estimate_shape
+    from tightfit.predictor.hardware import CATALOG
+    from tightfit.predictor.roofline import analyse
+    from tightfit.predictor.scenario import Workload
+
+    sc = Scenario("x", CATALOG[0], estimate_shape("x", 1.0), "q4_0", 4.5, "llama.cpp",
+                  Workload(16, 16, 1, 64))
+    return list(features(sc, analyse(sc), phase))

@@ -1,0 +1,94 @@
+"""Weight and KV-cache storage formats: bits per weight as actually stored, and name parsing.
+
+Figures are storage sizes (block scales included), not compute precision. Mixed GGUF presets
+(Q4_K_M, Q5_K_M, ...) are averages over a typical 7B file; small models with large vocabularies
+sit a little higher. Does not read files: `native` needs the caller to name the real format.
+"""
+from __future__ import annotations
+
+import re
+
+from tightfit.errors import TightfitError
+
+# Stored bits per weight. GGUF block formats: (block bytes * 8) / block weights.
+BITS_PER_WEIGHT: dict[str, float] = {
+    "fp32": 32.0, "f32": 32.0, "fp16": 16.0, "f16": 16.0, "bf16": 16.0,
+    "q8_0": 8.5, "q8_1": 9.0, "q6_k": 6.5625, "q5_0": 5.5, "q5_1": 6.0,
+    "q5_k": 5.5, "q5_k_s": 5.54, "q5_k_m": 5.69, "q4_0": 4.5, "q4_1": 5.0,
+    "q4_k": 4.5, "q4_k_s": 4.58, "q4_k_m": 4.85, "q4_k_l": 5.1, "q4_k_xl": 5.0,
+    "q3_k": 3.4375, "q3_k_s": 3.5, "q3_k_m": 3.91, "q3_k_l": 4.27,
+    "q2_k": 2.625, "q2_k_s": 2.9, "q2_k_m": 3.35, "q2_k_xl": 3.2,
+    "iq4_nl": 4.5, "iq4_xs": 4.25, "iq3_s": 3.44, "iq3_m": 3.66, "iq3_xxs": 3.06,
+    "iq2_xxs": 2.06, "iq2_xs": 2.31, "iq2_s": 2.5, "iq2_m": 2.7, "iq1_s": 1.56, "iq1_m": 1.75,
+    "tq1_0": 1.69, "tq2_0": 2.06,
+    "mxfp4": 4.25, "nvfp4": 4.5, "mxfp8": 8.25, "fp8": 8.0,
+    # tightfit's own names (int8: per-row fp32 scale is negligible; int4: one fp16 scale a group).
+    "int8": 8.0, "int4-g32": 4.5, "int4-g64": 4.25, "int4-g128": 4.125,
+    "int4-awq-g32": 4.5, "int4-awq-g64": 4.25, "int4-awq-g128": 4.125,
+    # Other engines' names seen in the measurement tables.
+    "4bit": 4.5, "8bit": 8.5, "awq": 4.25, "awq-int4": 4.25, "gptq": 4.25, "int4": 4.25,
+}
+
+# Bytes per stored KV element.
+KV_BYTES: dict[str, float] = {
+    "fp32": 4.0, "f32": 4.0, "fp16": 2.0, "f16": 2.0, "bf16": 2.0,
+    "q8_0": 1.0625, "q4_0": 0.5625, "q4_1": 0.625, "q5_0": 0.6875, "q5_1": 0.75,
+    "int8": 1.0, "fp8": 1.0, "int4": 0.5625,
+}
+
+_ALIASES = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
+_GGUF_IN_NAME = re.compile(
+    r"(?:^|[-_.:])((?:UD-)?(?:I?Q\d(?:_[0-9A-Z]+)*|F16|BF16|F32|MXFP4|NVFP4|MXFP8))(?=$|[-_.])",
+    re.IGNORECASE,
+)
+
+
+def normalise(name: str) -> str:
+    """Lower-case canonical spelling of a format name (`Q4_K_M` -> `q4_k_m`)."""
+    key = name.strip().lower().replace(" ", "")
+    key = key[3:] if key.startswith("ud-") else key
+    return _ALIASES.get(key, key)
+
+
+def bits_per_weight(name: str) -> float:
+    """Stored bits per weight of a format; TightfitError names the value if unknown."""
+    key = normalise(name)
+    if key == "native":
+        raise TightfitError(
+            "quant 'native' depends on the model file; give the stored format instead "
+            "(for example 'Q4_1' or 'Q4_K_M')"
+        )
+    if key not in BITS_PER_WEIGHT:
+        raise TightfitError(
+            f"unknown quant {name!r}; use one of {', '.join(sorted(_public_names()))}"
+        )
+    return BITS_PER_WEIGHT[key]
+
+
+def kv_bytes(name: str) -> float:
+    """Bytes per stored KV element for a KV dtype name."""
+    key = normalise(name)
+    if key not in KV_BYTES:
+        raise TightfitError(f"unknown kv_dtype {name!r}; use one of {', '.join(sorted(KV_BYTES))}")
+    return KV_BYTES[key]
+
+
+def is_known(name: str) -> bool:
+    return normalise(name) in BITS_PER_WEIGHT
+
+
+def quant_from_filename(filename: str) -> str | None:
+    """The GGUF format named in a file name (`...-Q4_K_M.gguf` -> `q4_k_m`), if any."""
+    stem = re.sub(r"\.gguf$", "", filename.rsplit("/", 1)[-1], flags=re.IGNORECASE)
+    found = [m.group(1) for m in _GGUF_IN_NAME.finditer(stem)]
+    for cand in reversed(found):
+        key = normalise(cand)
+        if key in BITS_PER_WEIGHT:
+            return key
+    return None
+
+
+def _public_names() -> list[str]:
+    upper = [k.upper() for k in BITS_PER_WEIGHT if k.startswith(("q", "iq", "f", "b", "mx", "nv"))]
+    lower = [k for k in BITS_PER_WEIGHT if k.startswith(("int", "fp"))]
+    return upper + lower

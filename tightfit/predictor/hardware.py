@@ -1,0 +1,165 @@
+"""Device specifications: a catalog of common CPUs, GPUs, Apple chips and edge boards, and lookup.
+
+Figures are public peak specs (memory bandwidth, dense fp16 matrix rate the runtimes can use, memory
+size); they are rounded and for the most common variant. Lookup is by normalised name with fuzzy
+token matching; an unknown device returns None and the caller widens its error band.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+# Device classes the learned part is keyed by.
+CLASSES = ("discrete_gpu", "apple", "unified_soc", "cpu")
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator (or CPU socket). `memory_gb` is per device; `device_count` devices in total."""
+
+    name: str
+    kind: str  # gpu | cpu | apple | igpu | edge
+    memory_gb: float
+    bandwidth_gbps: float
+    fp16_tflops: float
+    compute_units: int
+    simd_width: int = 32
+    unified: bool = False
+    host_bandwidth_gbps: float = 50.0
+    host_memory_gb: float | None = None
+    link_gbps: float = 16.0
+    device_count: int = 1
+    cpu_cores: int | None = None
+
+    @property
+    def device_class(self) -> str:
+        if self.kind == "apple":
+            return "apple"
+        if self.kind == "cpu":
+            return "cpu"
+        if self.unified or self.kind in ("igpu", "edge"):
+            return "unified_soc"
+        return "discrete_gpu"
+
+
+def _g(name: str, mem: float, bw: float, tf: float, cu: int, **kw: object) -> DeviceSpec:
+    return DeviceSpec(name, "gpu", mem, bw, tf, cu, **kw)  # type: ignore[arg-type]
+
+
+def _a(name: str, mem: float, bw: float, cores: int, per_core_tf: float) -> DeviceSpec:
+    return DeviceSpec(name, "apple", mem, bw, cores * per_core_tf, cores, 32, True, bw, None, bw)
+
+
+def _c(name: str, mem: float, bw: float, cores: int, gflops_core: float, simd: int = 8) -> DeviceSpec:
+    return DeviceSpec(name, "cpu", mem, bw, cores * gflops_core / 1000.0, cores, simd, True, bw,
+                      None, bw, 1, cores)
+
+
+def _s(name: str, kind: str, mem: float, bw: float, tf: float, cu: int) -> DeviceSpec:
+    return DeviceSpec(name, kind, mem, bw, tf, cu, 32, True, bw, None, bw)
+
+
+# Apple GPU fp16 TFLOPS per GPU core by generation (approximate public figures).
+_APPLE_TF = {"m1": 0.33, "m2": 0.36, "m3": 0.36, "m4": 0.43, "m5": 0.50}
+
+CATALOG: tuple[DeviceSpec, ...] = (
+    # NVIDIA / AMD / Intel discrete GPUs: dense fp16 matrix TFLOPS (tensor cores where present).
+    _g("GeForce GTX 1050 Ti", 4, 112, 2.1, 6), _g("GeForce GTX 1060", 6, 192, 4.4, 10),
+    _g("GeForce GTX 1070", 8, 256, 6.5, 15), _g("GeForce GTX 1080 Ti", 11, 484, 11.3, 28),
+    _g("GeForce GTX 1650", 4, 128, 6.0, 14), _g("GeForce RTX 2060", 6, 336, 52, 30),
+    _g("GeForce RTX 2070 SUPER", 8, 448, 72, 40), _g("GeForce RTX 2080", 8, 448, 80, 46),
+    _g("GeForce RTX 2080 Ti", 11, 616, 108, 68), _g("GeForce RTX 3050", 8, 224, 36, 20),
+    _g("GeForce RTX 3060", 12, 360, 51, 28), _g("GeForce RTX 3070", 8, 448, 81, 46),
+    _g("GeForce RTX 3080", 10, 760, 119, 68), _g("GeForce RTX 3090", 24, 936, 142, 82),
+    _g("GeForce RTX 4060", 8, 272, 60, 24), _g("GeForce RTX 4060 Ti", 8, 288, 88, 34),
+    _g("GeForce RTX 4070", 12, 504, 117, 46), _g("GeForce RTX 4080", 16, 717, 195, 76),
+    _g("GeForce RTX 4090", 24, 1008, 330, 128), _g("GeForce RTX 5060 Ti", 16, 448, 95, 36),
+    _g("GeForce RTX 5070", 12, 672, 123, 48), _g("GeForce RTX 5080", 16, 960, 225, 84),
+    _g("GeForce RTX 5090", 32, 1792, 419, 170), _g("Tesla T4", 16, 320, 65, 40),
+    _g("Tesla V100", 16, 900, 125, 80), _g("A10G", 24, 600, 125, 80), _g("A10", 24, 600, 125, 72),
+    _g("L4", 24, 300, 121, 58), _g("A100 40GB", 40, 1555, 312, 108),
+    _g("A100 80GB", 80, 2039, 312, 108), _g("H100 SXM", 80, 3350, 990, 132),
+    _g("H100 PCIe", 80, 2000, 756, 114), _g("H200", 141, 4800, 990, 132),
+    _g("RTX A4000", 16, 448, 77, 48), _g("RTX 4000 Ada", 20, 360, 107, 48),
+    _g("RTX 5880 Ada Generation", 48, 960, 277, 110), _g("RTX 6000 Ada", 48, 960, 364, 142),
+    _g("Radeon RX 6800 XT", 16, 512, 41, 72), _g("Radeon RX 7600", 8, 288, 43, 32),
+    _g("Radeon RX 7800 XT", 16, 624, 74, 60), _g("Radeon RX 7900 XTX", 24, 960, 123, 96),
+    _g("Radeon RX 7900 XT", 20, 800, 103, 84), _g("Radeon RX 9070 XT", 16, 640, 195, 64),
+    _g("Arc A770", 16, 560, 138, 32), _g("Arc B580", 12, 456, 117, 20),
+    # Integrated GPUs and SoCs sharing system memory.
+    _s("Arc Graphics 130V/140V (integrated)", "igpu", 32, 136, 16, 8),
+    _s("Iris Xe Graphics (integrated)", "igpu", 32, 68, 4.4, 96),
+    _s("Radeon 780M (integrated)", "igpu", 32, 90, 8.6, 12),
+    _s("Radeon 840M / 860M Graphics", "igpu", 32, 120, 6, 8),
+    _s("NVIDIA GB10", "edge", 128, 273, 62, 48),
+    _s("Jetson AGX Orin 64GB", "edge", 64, 204.8, 42, 16),
+    _s("Jetson Orin NX 16GB", "edge", 16, 102.4, 19, 8),
+    _s("Jetson Orin Nano 8GB", "edge", 8, 68, 10, 8),
+    _s("Ascend 310P", "edge", 24, 204.8, 70, 8),
+    # Edge CPUs and common server/desktop CPUs (bandwidth = sustained-peak DRAM figure).
+    _c("Raspberry Pi 5", 8, 17, 4, 19, 4), _c("Raspberry Pi 4", 8, 6, 4, 12, 4),
+    _c("Orange Pi 5 (RK3588)", 16, 34, 8, 20, 4),
+    _c("Desktop x86 2ch DDR4-3200", 32, 51, 8, 100), _c("Desktop x86 2ch DDR5-5600", 64, 90, 16, 110),
+    _c("Xeon E5-2680 v4", 128, 77, 14, 77), _c("Core i9-10900X", 64, 94, 10, 120),
+    _c("Core i9-13900", 32, 90, 24, 80), _c("Core i9-13900HK", 32, 83, 14, 90), _c("Core i5-6400", 16, 34, 4, 86),
+    _c("Ryzen 5 7600X3D", 32, 83, 6, 150), _c("Ryzen Threadripper PRO 5945WX", 128, 204, 12, 110),
+    _c("Ryzen AI 7 350", 32, 120, 8, 100), _c("EPYC 9654", 384, 460, 96, 120),
+    _c("Xeon Gold 6132", 64, 128, 14, 140, 16), _c("Cortex-A725", 128, 273, 20, 40, 4),
+    _c("Generic 2-core cloud VM (AVX2)", 24, 22, 2, 58),
+)
+
+_APPLE_BW = {
+    "m1": (68, 8, 8), "m1 pro": (200, 16, 16), "m1 max": (400, 32, 32), "m1 ultra": (800, 64, 64),
+    "m2": (100, 10, 8), "m2 pro": (200, 19, 16), "m2 max": (400, 38, 32), "m2 ultra": (800, 76, 64),
+    "m3": (100, 10, 8), "m3 pro": (150, 18, 18), "m3 max": (400, 40, 36), "m3 ultra": (819, 80, 96),
+    "m4": (120, 10, 16), "m4 pro": (273, 20, 24), "m4 max": (546, 40, 36),
+    "m5": (153, 10, 16), "m5 pro": (307, 20, 24), "m5 max": (614, 40, 48),
+}
+
+
+def apple_chip(chip: str, gpu_cores: int | None = None, memory_gb: float | None = None) -> DeviceSpec:
+    """Spec of an Apple chip ('M2 Max'); gpu_cores/memory override the catalog's default variant."""
+    key = chip.lower().replace("apple", "").strip()
+    bw, cores, mem = _APPLE_BW[key]
+    cores = gpu_cores or cores
+    spec = _a(f"Apple {chip.strip()}", memory_gb or mem, bw, cores, _APPLE_TF[key.split()[0]])
+    return spec
+
+
+def normalise_name(name: str) -> str:
+    s = name.lower()
+    s = re.sub(r"\(r\)|\(tm\)|nvidia|geforce|amd|intel|apple|graphics|\bcpu\b|@.*$", " ", s)
+    return re.sub(r"[^a-z0-9./]+", " ", s).strip()
+
+
+def lookup(name: str) -> DeviceSpec | None:
+    """Catalog entry for a device name, or None. Apple chips accept 'M3 Max' or 'Apple M3 Max'."""
+    norm = normalise_name(name)
+    apple = re.fullmatch(r"(m[1-5])(?: (pro|max|ultra))?", norm)
+    if apple:
+        return apple_chip(" ".join(p for p in apple.groups() if p).upper().replace("PRO", "Pro")
+                          .replace("MAX", "Max").replace("ULTRA", "Ultra"))
+    return _best_match(norm)
+
+
+def _best_match(norm: str) -> DeviceSpec | None:
+    want = set(norm.split())
+    best, best_score = None, 0.0
+    for spec in CATALOG:
+        have = set(normalise_name(spec.name).split())
+        if not have or not want:
+            continue
+        common = want & have
+        # Every model-number token of the catalog name must be present ("3070" vs "3070 ti").
+        numeric = {t for t in have if any(ch.isdigit() for ch in t) and not t.endswith("gb")}
+        if not numeric <= want or not common:
+            continue
+        score = len(common) / len(have | want)
+        if score > best_score:
+            best, best_score = spec, score
+    return best if best_score >= 0.34 else None
+
+
+def with_overrides(spec: DeviceSpec, **fields: object) -> DeviceSpec:
+    """A copy with the given non-None fields replaced."""
+    return replace(spec, **{k: v for k, v in fields.items() if v is not None})

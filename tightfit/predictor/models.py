@@ -1,0 +1,115 @@
+"""The learned part: a ridge regression on the log ratio measured/analytic, one per phase.
+
+Fitted with scikit-learn (imported only when fitting); stored as plain JSON numbers so that
+prediction needs neither scikit-learn nor numpy. Features may include crosses "a*b" of two
+standardised base features.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+ALPHAS = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
+
+
+@dataclass(frozen=True)
+class ResidualModel:
+    """log(measured / analytic) = intercept + sum coef_j * z_j, z standardised (crosses of z's)."""
+
+    phase: str
+    base: tuple[str, ...]                 # base features used (standardised)
+    crosses: tuple[tuple[str, str], ...]  # products of two standardised base features
+    mean: tuple[float, ...]
+    scale: tuple[float, ...]
+    coef: tuple[float, ...]               # len(base) + len(crosses)
+    intercept: float
+    alpha: float
+    interval: tuple[float, float] = (-0.3, 0.3)  # held-out log-residual quantiles (5%, 95%)
+    info: dict[str, object] = field(default_factory=dict)
+    z_lo: tuple[float, ...] = ()   # standardised training range; inputs are clipped to it so a
+    z_hi: tuple[float, ...] = ()   # scenario unlike the data falls back towards the analytic base
+
+    def predict_log(self, feats: dict[str, float]) -> float:
+        z = {n: (feats[n] - mu) / sd for n, mu, sd in zip(self.base, self.mean, self.scale)}
+        if self.z_lo:
+            z = {n: min(hi, max(lo, z[n])) for n, lo, hi in zip(self.base, self.z_lo, self.z_hi)}
+        cols = [z[n] for n in self.base] + [z[a] * z[b] for a, b in self.crosses]
+        return self.intercept + sum(c * x for c, x in zip(self.coef, cols))
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict[str, object]) -> "ResidualModel":
+        return ResidualModel(
+            phase=str(d["phase"]), base=tuple(d["base"]),  # type: ignore[arg-type]
+            crosses=tuple(tuple(c) for c in d["crosses"]),  # type: ignore[union-attr,misc]
+            mean=tuple(d["mean"]), scale=tuple(d["scale"]),  # type: ignore[arg-type]
+            coef=tuple(d["coef"]), intercept=float(d["intercept"]),  # type: ignore[arg-type]
+            alpha=float(d["alpha"]), interval=tuple(d["interval"]),  # type: ignore[arg-type]
+            info=dict(d.get("info", {})),  # type: ignore[call-overload]
+            z_lo=tuple(d.get("z_lo", ())), z_hi=tuple(d.get("z_hi", ())),  # type: ignore[arg-type]
+        )
+
+
+def design_matrix(rows: Sequence[dict[str, float]], base: Sequence[str],
+                  crosses: Sequence[tuple[str, str]], mean: Sequence[float],
+                  scale: Sequence[float]) -> list[list[float]]:
+    out = []
+    for f in rows:
+        z = {n: (f[n] - mu) / sd for n, mu, sd in zip(base, mean, scale)}
+        out.append([z[n] for n in base] + [z[a] * z[b] for a, b in crosses])
+    return out
+
+
+def fit(phase: str, rows: Sequence[dict[str, float]], target: Sequence[float],
+        base: Sequence[str], crosses: Sequence[tuple[str, str]] = (),
+        weights: Sequence[float] | None = None) -> ResidualModel:
+    """Fit the residual ridge; alpha by generalised cross-validation (RidgeCV)."""
+    from sklearn.linear_model import RidgeCV
+
+    base = list(base)
+    if not base:  # intercept only: the weighted mean residual
+        w = list(weights) if weights else [1.0] * len(target)
+        mu = sum(a * b for a, b in zip(w, target)) / sum(w)
+        return ResidualModel(phase, (), (), (), (), (), mu, 0.0)
+    mean = [sum(f[n] for f in rows) / len(rows) for n in base]
+    scale = [_std([f[n] for f in rows], mu) for n, mu in zip(base, mean)]
+    x = design_matrix(rows, base, crosses, mean, scale)
+    reg = RidgeCV(alphas=ALPHAS).fit(x, list(target), sample_weight=weights)
+    zs = [[(f[n] - mu) / sd for f in rows] for n, mu, sd in zip(base, mean, scale)]
+    return ResidualModel(phase, tuple(base), tuple(tuple(c) for c in crosses),  # type: ignore[misc]
+                         tuple(mean), tuple(scale), tuple(float(c) for c in reg.coef_),
+                         float(reg.intercept_), float(reg.alpha_),
+                         z_lo=tuple(min(z) for z in zs), z_hi=tuple(max(z) for z in zs))
+
+
+def _std(values: list[float], mu: float) -> float:
+    var = sum((v - mu) ** 2 for v in values) / max(len(values), 1)
+    return math.sqrt(var) if var > 1e-12 else 1.0
+
+
+@dataclass(frozen=True)
+class PredictorModel:
+    """Everything prediction needs: one residual model per phase, plus provenance."""
+
+    decode: ResidualModel
+    prefill: ResidualModel
+    data_hash: str
+    version: int = 1
+
+    def save(self, path: Path) -> None:
+        payload = {"version": self.version, "data_hash": self.data_hash,
+                   "decode": self.decode.to_dict(), "prefill": self.prefill.to_dict()}
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(payload, indent=1, sort_keys=True))
+
+    @staticmethod
+    def load(path: Path) -> "PredictorModel":
+        d = json.loads(Path(path).read_text())
+        return PredictorModel(ResidualModel.from_dict(d["decode"]),
+                              ResidualModel.from_dict(d["prefill"]), d["data_hash"],
+                              int(d.get("version", 1)))

@@ -1,0 +1,74 @@
+"""The `tightfit predictor evaluate` report: runs the splits and renders text or JSON.
+
+Splits: leave-one-device-out (one fold per device) and leave-one-model-out (every row of a model
+held out together; models dealt into 10 seeded folds to keep the run short).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tightfit.predictor import datasets, evaluate, features
+
+SOURCES = {"all": None, "apple": ["apple"], "llmfit": ["llmfit"], "design": ["design"]}
+
+
+BRIEF = features.BRIEF_FEATURES
+
+
+def run(splits: tuple[str, ...] = ("device", "model"), screen: bool = True,
+        model_folds: int = 10, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    obs, rules = datasets.load_all()
+    out: dict[str, Any] = {"rules": dict(rules), "n_observations": len(obs),
+                           "screen": screen, "excluded_features": list(exclude)}
+    out["naive"] = {k: evaluate.summarise_naive(obs, v) for k, v in SOURCES.items()}
+    base = evaluate.analytic_only(obs)
+    out["analytic"] = {k: evaluate.summarise(base, v) for k, v in SOURCES.items()}
+    pairs_by_split = {}
+    for split in splits:
+        key = evaluate.device_key if split == "device" else evaluate.by_model
+        folds = None if split == "device" else model_folds
+        pairs = evaluate.cross_validate(obs, key, screen=screen, n_folds=folds, exclude=exclude)
+        pairs_by_split[split] = pairs
+        out[f"held_out_{split}"] = {k: evaluate.summarise(pairs, v) for k, v in SOURCES.items()}
+        if split == "device":
+            out["per_device"] = _per_device(pairs)
+    out["_pairs"] = pairs_by_split
+    return out
+
+
+def _per_device(pairs: list[Any]) -> dict[str, dict[str, float]]:
+    devices = sorted({o.device_key for o, _ in pairs if o.metric == "decode_tok_s"})
+    res = {}
+    for d in devices:
+        sel = [(p.decode_tok_s, o.value) for o, p in pairs if o.device_key == d and o.metric == "decode_tok_s"]
+        res[d] = evaluate.scores([a for a, _ in sel], [b for _, b in sel]).as_dict()
+    return res
+
+
+def _fmt(v: float) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [f"observations: {result['n_observations']}", "data rules (rows affected):"]
+    lines += [f"  {n:4d}  {rule}" for rule, n in sorted(result["rules"].items(), key=lambda x: -x[1])]
+    head = f"{'metric':16s}{'n':>5s}{'MAPE%':>8s}{'med%':>8s}{'p90%':>8s}{'max%':>8s}{'R2log':>7s}"
+    for section in [k for k in result if k.startswith(("held_out", "analytic", "naive"))]:
+        for source, table in result[section].items():
+            if not table:
+                continue
+            lines += ["", f"[{section} / {source}]", head]
+            for metric, s in table.items():
+                if metric == "fits":
+                    lines.append(f"{'fits':16s}{s['n']:5d}  accuracy {s['accuracy']:.1f}% "
+                                 f"(undecided {s['undecided']})")
+                else:
+                    lines.append(f"{metric:16s}{s['n']:5d}" + "".join(
+                        f"{_fmt(s[k]):>8s}" for k in ("mape", "median", "p90", "max")) +
+                        f"{_fmt(s['r2_log']):>7s}")
+    if "per_device" in result:
+        lines += ["", "[held_out_device: decode per device]", f"{'device':32s}{'n':>5s}{'MAPE%':>8s}{'max%':>8s}"]
+        for d, s in result["per_device"].items():
+            lines.append(f"{d[:32]:32s}{s['n']:5d}{_fmt(s['mape']):>8s}{_fmt(s['max']):>8s}")
+    return "\n".join(lines)

@@ -1,0 +1,116 @@
+"""Analytic base: time per decode step and per prompt from bytes moved and FLOPs, with engine priors.
+
+Components (seconds) stay separate so attribution falls out: memory bandwidth, compute, fixed
+overhead, offload transfer. Memory-vs-compute overlap uses a smooth max (p-norm, p=3). No learning.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tightfit.predictor import memory
+from tightfit.predictor.engines import EngineProfile, profile
+from tightfit.predictor.memory import MemoryEstimate
+from tightfit.predictor.scenario import Scenario
+
+_P = 3.0
+_HOST_EFF = 0.55        # fraction of host DRAM bandwidth llama.cpp's CPU layers reach
+_LINK_EFF = 0.8         # fraction of PCIe bandwidth reached streaming weights
+_HOP_S = 1.5e-4         # per device boundary per step (activation copy + sync)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Time components of one phase; `total` combines them."""
+
+    mem_s: float
+    comp_s: float
+    overhead_s: float
+    offload_s: float
+
+    @property
+    def roof_s(self) -> float:
+        return (self.mem_s ** _P + self.comp_s ** _P) ** (1 / _P)
+
+    @property
+    def total(self) -> float:
+        return self.roof_s + self.overhead_s + self.offload_s
+
+    def shares(self) -> dict[str, float]:
+        """Share of the phase's time per cause; sums to 1."""
+        denom = self.mem_s ** _P + self.comp_s ** _P
+        roof = self.roof_s
+        mem = roof * (self.mem_s ** _P / denom) if denom > 0 else 0.0
+        parts = {"memory_bandwidth": mem, "compute": roof - mem,
+                 "overhead": self.overhead_s, "offload_transfer": self.offload_s}
+        tot = sum(parts.values()) or 1.0
+        return {k: v / tot for k, v in parts.items()}
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    decode: Phase            # one decode step of the whole batch
+    prefill: Phase           # the whole prompt of the whole batch
+    request_overhead_s: float
+    memory: MemoryEstimate
+    bytes_per_step: float
+    flops_per_step: float
+    prefill_flops: float
+
+
+def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple[Phase, float, float]:
+    m, w, d = s.model, s.workload, s.device
+    ctx = w.prompt_tokens + w.gen_tokens / 2
+    kv_read = memory.kv_bytes_per_token(s) * ctx * w.batch
+    step_bytes = memory.active_weight_bytes(s, prof) + kv_read
+    flops = w.batch * (2e9 * m.active_params_b + 4.0 * m.n_layers * ctx * m.n_heads * m.head_dim)
+    f = mem.device_fraction
+    mem_s = f * step_bytes / (d.bandwidth_gbps * 1e9 * prof.bw_eff)
+    comp_s = f * flops / (d.fp16_tflops * 1e12 * prof.decode_comp_eff)
+    off = _offload_decode(s, prof, step_bytes, mem)
+    ovh = prof.step_overhead_s + prof.layer_overhead_s * m.n_layers + _HOP_S * (d.device_count - 1)
+    return Phase(mem_s, comp_s, ovh, off), step_bytes, flops
+
+
+def _offload_decode(s: Scenario, prof: EngineProfile, step_bytes: float, mem: MemoryEstimate) -> float:
+    rest = 1.0 - mem.device_fraction
+    if rest <= 0:
+        return 0.0
+    d = s.device
+    if prof.offload == "layer_split":
+        return rest * step_bytes / (d.host_bandwidth_gbps * 1e9 * _HOST_EFF) + _HOP_S
+    return rest * memory.weight_bytes(s, prof) / (d.link_gbps * 1e9 * _LINK_EFF)
+
+
+def prefill_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple[Phase, float]:
+    m, w, d = s.model, s.workload, s.device
+    p = max(w.prompt_tokens, 0)
+    if p == 0:
+        return Phase(0.0, 0.0, 0.0, 0.0), 0.0
+    flops = w.batch * (2e9 * m.active_params_b * p + 2.0 * m.n_layers * p * p * m.n_heads * m.head_dim)
+    ubatches = math.ceil(p / 512) if s.engine == "llama.cpp" else 1
+    weights = memory.weight_bytes(s, prof)
+    mem_s = mem.device_fraction * weights * ubatches / (d.bandwidth_gbps * 1e9 * prof.bw_eff)
+    comp_s = flops / (d.fp16_tflops * 1e12 * prof.comp_eff)
+    off = (1 - mem.device_fraction) * weights * ubatches / (d.link_gbps * 1e9 * _LINK_EFF)
+    ovh = ubatches * (prof.step_overhead_s + prof.layer_overhead_s * m.n_layers)
+    return Phase(mem_s, comp_s, ovh, off), flops
+
+
+def analyse(s: Scenario) -> Breakdown:
+    """The analytic base for one scenario."""
+    prof = profile(s.engine, s.device.device_class)
+    mem = memory.estimate(s, prof)
+    dec, step_bytes, step_flops = decode_phase(s, prof, mem)
+    pre, pre_flops = prefill_phase(s, prof, mem)
+    return Breakdown(dec, pre, prof.request_overhead_s, mem, step_bytes, step_flops, pre_flops)
+
+
+def naive_decode_tok_s(s: Scenario) -> float:
+    """The naive baseline: peak bandwidth / stored weight bytes, nothing else."""
+    return s.device.bandwidth_gbps * 1e9 / (s.model.active_params_b * 1e9 * s.bits_per_weight / 8)
+
+
+def naive_prefill_tok_s(s: Scenario) -> float:
+    """The naive baseline for prompts: peak matrix rate / (2 x active parameters)."""
+    return s.device.fp16_tflops * 1e12 / (2e9 * s.model.active_params_b)

@@ -1,0 +1,227 @@
+"""Input rows -> validated, fully specified scenarios (the JSON contract of DESIGN.md).
+
+Missing hardware fields are filled from the catalog or the local device profile and recorded as
+uncertainty; a bad field raises RowError naming it. Does no prediction.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tightfit.errors import TightfitError
+from tightfit.predictor import architectures, formats, hardware
+from tightfit.predictor.architectures import ModelSpec
+from tightfit.predictor.engines import ENGINES, canonical_engine
+from tightfit.predictor.hardware import DeviceSpec
+
+LOCAL_NAMES = ("local", "this")
+_KIND_ALIASES = {"gpu": "gpu", "cpu": "cpu", "apple": "apple", "igpu": "igpu", "edge": "edge",
+                 "soc": "edge"}
+
+
+class RowError(TightfitError):
+    """One input row is unusable; `field` names the offending field (dotted path)."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompt_tokens: int = 512
+    gen_tokens: int = 128
+    batch: int = 1
+    context_tokens: int = 2048
+    kv_dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    id: str
+    device: DeviceSpec
+    model: ModelSpec
+    quant: str
+    bits_per_weight: float
+    engine: str
+    workload: Workload
+    widen: float = 1.0  # >1 when inputs were filled by estimates; multiplies the error band
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def device_profile_path() -> Path:
+    env = os.environ.get("TIGHTFIT_DEVICE_PROFILE")
+    return Path(env) if env else Path.home() / ".cache" / "tightfit" / "device.json"
+
+
+def parse_row(row: Any) -> Scenario:
+    """Validate one input object; raises RowError naming the first bad field."""
+    if not isinstance(row, dict):
+        raise RowError("row", f"expected a JSON object, got {type(row).__name__}")
+    if "_parse_error" in row:
+        raise RowError("row", str(row["_parse_error"]))
+    rid = row.get("id")
+    if rid is None or (isinstance(rid, str) and not rid.strip()):
+        raise RowError("id", "missing; give each scenario a unique id")
+    device, hw_widen, hw_notes = _device(_section(row, "hardware"))
+    model, model_widen, model_notes = _model(_section(row, "model"))
+    quant, bpw = _quant(row.get("quant"))
+    engine = _engine(row.get("engine"))
+    workload = _workload(row.get("workload", {}))
+    notes = tuple(hw_notes + model_notes)
+    return Scenario(str(rid), device, model, quant, bpw, engine, workload,
+                    hw_widen * model_widen, notes)
+
+
+def _section(row: dict[str, Any], name: str) -> dict[str, Any]:
+    value = row.get(name)
+    if value is None:
+        raise RowError(name, "missing; see the input contract in docs/predictor.md")
+    if isinstance(value, str):
+        return {"name": value}
+    if not isinstance(value, dict):
+        raise RowError(name, f"expected an object or a name, got {type(value).__name__}")
+    return value
+
+
+def _number(section: dict[str, Any], key: str, path: str, lo: float, hi: float) -> float | None:
+    value = section.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RowError(f"{path}.{key}", f"expected a number, got {value!r}")
+    if not lo < value <= hi:
+        raise RowError(f"{path}.{key}", f"{value!r} is outside the plausible range ({lo}, {hi}]")
+    return float(value)
+
+
+def _device(hw: dict[str, Any]) -> tuple[DeviceSpec, float, list[str]]:
+    name = str(hw.get("name") or "").strip()
+    base, widen, notes = _base_device(name, hw)
+    kind = hw.get("kind")
+    if kind is not None and str(kind).lower() not in _KIND_ALIASES:
+        raise RowError("hardware.kind", f"{kind!r} is not one of gpu, cpu, apple, igpu, edge")
+    fields = {
+        "memory_gb": _number(hw, "memory_gb", "hardware", 0, 4096),
+        "bandwidth_gbps": _number(hw, "memory_bandwidth_gbps", "hardware", 0, 50000),
+        "fp16_tflops": _number(hw, "fp16_tflops", "hardware", 0, 100000),
+        "host_memory_gb": _number(hw, "host_memory_gb", "hardware", 0, 65536),
+        "host_bandwidth_gbps": _number(hw, "host_bandwidth_gbps", "hardware", 0, 50000),
+    }
+    count = _number(hw, "device_count", "hardware", 0, 64)
+    cores = _number(hw, "cpu_cores", "hardware", 0, 4096)
+    spec = hardware.with_overrides(
+        base, **fields, kind=_KIND_ALIASES[str(kind).lower()] if kind else None,
+        device_count=int(count) if count else None, cpu_cores=int(cores) if cores else None,
+    )
+    if spec.kind == "cpu" and cores and base.kind == "cpu" and fields["fp16_tflops"] is None:
+        spec = replace(spec, fp16_tflops=base.fp16_tflops * cores / max(base.compute_units, 1),
+                       compute_units=int(cores))
+    return spec, widen, notes
+
+
+def _base_device(name: str, hw: dict[str, Any]) -> tuple[DeviceSpec, float, list[str]]:
+    if name.lower() in LOCAL_NAMES:
+        return _local_profile(), 1.0, ["hardware from the local device profile"]
+    found = hardware.lookup(name) if name else None
+    if found is not None:
+        exact = hardware.normalise_name(found.name) == hardware.normalise_name(name)
+        note = [] if exact else [f"hardware matched catalog entry {found.name!r}"]
+        return found, 1.0, note
+    bw = hw.get("memory_bandwidth_gbps")
+    if bw is None:
+        label = f"hardware.name {name!r} is not in the catalog" if name else "hardware.name missing"
+        raise RowError("hardware.memory_bandwidth_gbps",
+                       f"missing and {label}; give the bandwidth in GB/s or a known device name")
+    kind = str(hw.get("kind") or "gpu").lower()
+    guess = DeviceSpec(name or "unnamed", _KIND_ALIASES.get(kind, "gpu"), 8.0, float(bw),
+                       max(float(bw) / 10.0, 0.05), 16, unified=kind != "gpu")
+    widen = 1.0 if hw.get("fp16_tflops") is not None else 1.5
+    return guess, widen, ["device not in catalog: unspecified fields estimated"]
+
+
+def _local_profile() -> DeviceSpec:
+    path = device_profile_path()
+    if not path.is_file():
+        raise RowError("hardware.name", f"no device profile at {path}; run `tightfit calibrate`")
+    try:
+        data = json.loads(path.read_text())
+        return DeviceSpec(**data["device"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RowError("hardware.name",
+                       f"device profile {path} is unreadable ({exc}); rerun `tightfit calibrate`")
+
+
+_MODEL_INT_FIELDS = {"n_layers": 4096, "hidden_size": 1_000_000, "intermediate_size": 10_000_000,
+                     "n_heads": 4096, "n_kv_heads": 4096, "vocab_size": 10_000_000,
+                     "head_dim": 4096}
+
+
+def _model(m: dict[str, Any]) -> tuple[ModelSpec, float, list[str]]:
+    name = str(m.get("name") or "").strip()
+    params = _number(m, "params_b", "model", 0, 20000)
+    active = _number(m, "active_params_b", "model", 0, 20000)
+    spec = architectures.lookup(name) if name else None
+    if spec is None and params is None:
+        raise RowError("model.params_b", f"missing and no size can be derived from name {name!r}; "
+                       "give params_b (billions)")
+    if spec is None:
+        spec = architectures.estimate_shape(name or "unnamed", params or 0.0, active)
+    ints = {k: _number(m, k, "model", 0, hi) for k, hi in _MODEL_INT_FIELDS.items()}
+    updates: dict[str, Any] = {k: int(v) for k, v in ints.items() if v is not None}
+    if params is not None:
+        updates["params_b"] = params
+        updates["active_params_b"] = active if active is not None else min(
+            params, spec.active_params_b if spec.is_moe else params)
+    elif active is not None:
+        updates["active_params_b"] = active
+    if "hidden_size" in updates and "n_heads" in updates and "head_dim" not in updates:
+        updates["head_dim"] = updates["hidden_size"] // updates["n_heads"]
+    known = spec.shape_known or {"n_layers", "hidden_size"} <= set(updates)
+    spec = replace(spec, shape_known=known, **updates)
+    if spec.n_kv_heads > spec.n_heads:
+        raise RowError("model.n_kv_heads", f"{spec.n_kv_heads} exceeds n_heads {spec.n_heads}")
+    notes = [] if known else ["model shape estimated from its size"]
+    return spec, 1.0 if known else 1.15, notes
+
+
+def _quant(value: Any) -> tuple[str, float]:
+    if not isinstance(value, str) or not value.strip():
+        raise RowError("quant", "missing; give the weight format, e.g. 'Q4_K_M' or 'int4-g128'")
+    try:
+        return formats.normalise(value), formats.bits_per_weight(value)
+    except TightfitError as exc:
+        raise RowError("quant", str(exc)) from None
+
+
+def _engine(value: Any) -> str:
+    engine = canonical_engine(str(value)) if isinstance(value, str) else None
+    if engine is None:
+        raise RowError("engine", f"{value!r} is not one of {', '.join(ENGINES)}")
+    return engine
+
+
+def _workload(w: Any) -> Workload:
+    if not isinstance(w, dict):
+        raise RowError("workload", f"expected an object, got {type(w).__name__}")
+    ints = {}
+    for key, lo, hi in (("prompt_tokens", -1, 10_000_000), ("gen_tokens", -1, 10_000_000),
+                        ("batch", 0, 100_000), ("context_tokens", 0, 10_000_000)):
+        v = _number(w, key, "workload", lo, hi)
+        if v is not None and v != int(v):
+            raise RowError(f"workload.{key}", f"expected a whole number, got {v!r}")
+        ints[key] = None if v is None else int(v)
+    prompt = 512 if ints["prompt_tokens"] is None else ints["prompt_tokens"]
+    gen = 128 if ints["gen_tokens"] is None else ints["gen_tokens"]
+    ctx = ints["context_tokens"] or max(prompt + gen, 1)
+    kv = w.get("kv_dtype")
+    if kv is not None:
+        try:
+            formats.kv_bytes(str(kv))
+        except TightfitError as exc:
+            raise RowError("workload.kv_dtype", str(exc)) from None
+    return Workload(prompt, gen, ints["batch"] or 1, max(ctx, prompt + gen), kv)

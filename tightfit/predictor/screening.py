@@ -1,0 +1,119 @@
+"""Feature screening as the source brief describes: gradient sensitivity, then cross-feature gain.
+
+1. Fit on all candidates; a feature's sensitivity is mean |d prediction / d feature| on the
+   standardised scale; drop those under a threshold picked by grouped cross-validation.
+2. Greedily add products of two of the most sensitive candidates while the grouped-CV R^2 gain per added term beats
+   `min_gain` and the train/CV gap (overfitting risk) does not widen by more than `max_gap_growth`.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Sequence
+
+from tightfit.predictor import models
+
+THRESHOLDS = (0.0, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.08)
+
+
+@dataclass(frozen=True)
+class Selection:
+    kept: tuple[str, ...]
+    crosses: tuple[tuple[str, str], ...]
+    threshold: float
+    sensitivity: dict[str, float]
+    cross_gains: dict[str, float]
+    cv_r2: float
+
+
+def sensitivity(model: models.ResidualModel, rows: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Mean |d pred / d z_j| over the rows (central differences on the standardised scale)."""
+    out = {}
+    for name, sd in zip(model.base, model.scale):
+        h = 0.05 * sd
+        total = 0.0
+        for f in rows:
+            up, dn = dict(f), dict(f)
+            up[name] += h
+            dn[name] -= h
+            total += abs(model.predict_log(up) - model.predict_log(dn)) / (2 * 0.05)
+        out[name] = total / max(len(rows), 1)
+    return out
+
+
+def cv_scores(rows: Sequence[dict[str, float]], y: Sequence[float], groups: Sequence[str],
+              base: Sequence[str], crosses: Sequence[tuple[str, str]], phase: str,
+              weights: Sequence[float] | None = None) -> tuple[float, float]:
+    """(grouped-CV R^2, train R^2) of the ridge on these features."""
+    uniq = sorted(set(groups))
+    k = min(5, len(uniq))
+    if k < 2:
+        return 0.0, 0.0
+    fold_of = {g: i % k for i, g in enumerate(uniq)}
+    pred = [0.0] * len(y)
+    for fold in range(k):
+        tr = [i for i, g in enumerate(groups) if fold_of[g] != fold]
+        te = [i for i, g in enumerate(groups) if fold_of[g] == fold]
+        m = models.fit(phase, [rows[i] for i in tr], [y[i] for i in tr], base, crosses,
+                       [weights[i] for i in tr] if weights else None)
+        for i in te:
+            pred[i] = m.predict_log(rows[i])
+    full = models.fit(phase, rows, y, base, crosses, weights)
+    return _r2(y, pred), _r2(y, [full.predict_log(f) for f in rows])
+
+
+def _r2(y: Sequence[float], p: Sequence[float]) -> float:
+    mu = sum(y) / len(y)
+    ss = sum((a - mu) ** 2 for a in y) or 1e-12
+    return 1.0 - sum((a - b) ** 2 for a, b in zip(y, p)) / ss
+
+
+def select(rows: Sequence[dict[str, float]], y: Sequence[float], groups: Sequence[str],
+           candidates: Sequence[str], phase: str, weights: Sequence[float] | None = None,
+           min_gain: float = 0.01, max_gap_growth: float = 0.02, max_crosses: int = 3) -> Selection:
+    full = models.fit(phase, rows, y, candidates, (), weights)
+    sens = sensitivity(full, rows)
+    best = (-1e9, 0.0, list(candidates))
+    for t in THRESHOLDS:
+        kept = [n for n in candidates if sens[n] >= t]
+        cv, _ = cv_scores(rows, y, groups, kept, (), phase, weights)
+        if cv > best[0] + 1e-3:  # a larger threshold must win by a margin to replace a smaller one
+            best = (cv, t, kept)
+    cv, threshold, kept = best
+    crosses, gains = _add_crosses(rows, y, groups, kept, list(candidates), sens, phase, weights,
+                                  cv, min_gain, max_gap_growth, max_crosses)
+    # A cross brings its parts: a feature with no main effect may still matter in a product.
+    kept = kept + [n for pair in crosses for n in pair if n not in kept]
+    final_cv = cv + sum(gains[f"{a}*{b}"] for a, b in crosses)
+    return Selection(tuple(kept), tuple(crosses), threshold, sens, gains, final_cv)
+
+
+def _add_crosses(rows: Sequence[dict[str, float]], y: Sequence[float], groups: Sequence[str],
+                 kept: list[str], candidates: list[str], sens: dict[str, float], phase: str,
+                 weights: Sequence[float] | None, cv: float, min_gain: float,
+                 max_gap_growth: float, max_crosses: int) -> tuple[list[tuple[str, str]], dict[str, float]]:
+    top = sorted(candidates, key=lambda n: -sens[n])[:7]
+    pairs = list(itertools.combinations(top, 2))
+    chosen: list[tuple[str, str]] = []
+    gains: dict[str, float] = {}
+    _, train = cv_scores(rows, y, groups, kept, (), phase, weights)
+    gap = train - cv
+    while len(chosen) < max_crosses:
+        trials = []
+        for pair in pairs:
+            if pair in chosen:
+                continue
+            parts = kept + [n for p in chosen + [pair] for n in p if n not in kept]
+            c, t = cv_scores(rows, y, groups, list(dict.fromkeys(parts)), chosen + [pair], phase,
+                             weights)
+            trials.append((c - cv, (t - c) - gap, pair))
+            gains[f"{pair[0]}*{pair[1]}"] = round(c - cv, 4)
+        ok = [tr for tr in trials if tr[0] >= min_gain and tr[1] <= max_gap_growth]
+        if not ok:
+            break
+        gain, growth, pair = max(ok)
+        chosen.append(pair)
+        cv += gain
+        gap += growth
+        gains[f"{pair[0]}*{pair[1]}"] = round(gain, 4)
+    return chosen, gains

@@ -1,0 +1,87 @@
+"""Fit the predictor from observations: per phase, screen features, fit the ridge, and derive the
+error band from grouped cross-validation residuals (held out by device, never at random).
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from tightfit.predictor import features, models, roofline, screening
+from tightfit.predictor.datasets import Observation
+from tightfit.predictor.models import PredictorModel, ResidualModel
+
+PHASE_METRIC = {"decode": "decode_tok_s", "prefill": "prefill_tok_s"}
+
+
+@dataclass(frozen=True)
+class Sample:
+    rows: list[dict[str, float]]
+    target: list[float]
+    groups: list[str]
+    weights: list[float]
+
+
+def base_rate(o: Observation, phase: str) -> float:
+    b = roofline.analyse(o.scenario)
+    w = o.scenario.workload
+    if phase == "decode":
+        return w.batch / b.decode.total
+    return w.batch * w.prompt_tokens / b.prefill.total
+
+
+def sample(obs: Sequence[Observation], phase: str) -> Sample:
+    """Features and log(measured/analytic) targets; rows weighted 1/sqrt(rows of their device)."""
+    chosen = [o for o in obs if o.metric == PHASE_METRIC[phase]]
+    per_device = Counter(o.device_key for o in chosen)
+    rows, y, groups, wts = [], [], [], []
+    for o in chosen:
+        b = roofline.analyse(o.scenario)
+        rows.append(features.features(o.scenario, b, phase))
+        y.append(math.log(o.value / base_rate(o, phase)))
+        groups.append(o.device_key)
+        wts.append(1.0 / math.sqrt(per_device[o.device_key]))
+    return Sample(rows, y, groups, wts)
+
+
+def fit_phase(obs: Sequence[Observation], phase: str, candidates: Sequence[str] | None = None,
+              screen: bool = True, band: bool = True) -> ResidualModel:
+    smp = sample(obs, phase)
+    names = list(candidates or features.feature_names(phase))
+    if screen and len(set(smp.groups)) >= 3:
+        sel = screening.select(smp.rows, smp.target, smp.groups, names, phase, smp.weights)
+        kept, crosses = list(sel.kept), list(sel.crosses)
+        info: dict[str, object] = {
+            "threshold": sel.threshold, "cv_r2": round(sel.cv_r2, 4),
+            "sensitivity": {k: round(v, 4) for k, v in sel.sensitivity.items()},
+            "dropped": [n for n in names if n not in kept], "cross_gains": sel.cross_gains}
+    else:
+        kept, crosses, info = names, [], {"threshold": None}
+    model = models.fit(phase, smp.rows, smp.target, kept, crosses, smp.weights)
+    interval = _band(smp, kept, crosses, phase) if band else model.interval
+    info["n_rows"] = len(smp.rows)
+    return replace(model, interval=interval, info=info)
+
+
+def _band(smp: Sample, kept: list[str], crosses: list[tuple[str, str]],
+          phase: str) -> tuple[float, float]:
+    """5% and 95% quantiles of leave-one-device-out log residuals."""
+    res = []
+    for g in sorted(set(smp.groups)):
+        tr = [i for i, x in enumerate(smp.groups) if x != g]
+        if not tr:
+            continue
+        m = models.fit(phase, [smp.rows[i] for i in tr], [smp.target[i] for i in tr], kept,
+                       crosses, [smp.weights[i] for i in tr])
+        res += [smp.target[i] - m.predict_log(smp.rows[i]) for i, x in enumerate(smp.groups) if x == g]
+    if len(res) < 5:
+        return (-0.5, 0.5)
+    res.sort()
+    return (res[int(0.05 * (len(res) - 1))], res[int(0.95 * (len(res) - 1))])
+
+
+def fit_predictor(obs: Sequence[Observation], data_hash: str, screen: bool = True,
+                  band: bool = True) -> PredictorModel:
+    return PredictorModel(fit_phase(obs, "decode", screen=screen, band=band),
+                          fit_phase(obs, "prefill", screen=screen, band=band), data_hash)
