@@ -25,13 +25,14 @@ class LoadedModel:
     load_time_s: float
 
 
-def load_model(model: str | Path | None = None, quant: str = "fp32") -> LoadedModel:
-    from tightfit.engine.models.transformer import DecoderModel
+def load_model(model: str | Path | None = None, quant: str | Path = "fp32") -> LoadedModel:
+    from tightfit.engine.models.transformer import DecoderModel, dense_factory
+    from tightfit.engine.quant.plan import PlanLinearFactory, PrecisionPlan
     from tightfit.engine.tokenizer import Tokenizer
 
     t0 = time.perf_counter()
+    plan = PrecisionPlan.parse(quant)  # validate the name before the slow part
     path = resolve_model(model)
-    raw: dict = {}
     if path.is_dir():
         cfg = config_from_hf(read_hf_config(path))
         weights = load_hf_weights(path, cfg)
@@ -39,10 +40,18 @@ def load_model(model: str | Path | None = None, quant: str = "fp32") -> LoadedMo
     elif path.suffix == ".gguf" or path.is_file():
         g = GGUFFile(path)
         cfg = config_from_gguf(g)
-        weights, raw = load_gguf_weights(g, cfg)
+        # fp32 dequantises at load; other formats read the stored blocks directly.
+        weights = load_gguf_weights(g, cfg, keep_native=not plan.is_fp32)
         tokenizer = Tokenizer.from_gguf(g)
     else:  # pragma: no cover - resolve_model already checked existence
         raise ModelFileError(f"cannot load {str(path)!r}")
-    net = DecoderModel(cfg, weights)
+    plan.validate(cfg.num_layers)
+    if plan.uses_awq:
+        from tightfit.engine.quant.awq_model import build_awq_model
+
+        net = build_awq_model(cfg, weights, plan, tokenizer)
+    else:
+        net = DecoderModel(cfg, weights, dense_factory if plan.is_fp32 else PlanLinearFactory(plan))
+    del weights
     net.eval()
-    return LoadedModel(net, cfg, tokenizer, path, quant, time.perf_counter() - t0)
+    return LoadedModel(net, cfg, tokenizer, path, str(quant), time.perf_counter() - t0)

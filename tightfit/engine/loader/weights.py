@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -60,29 +62,59 @@ def _row_permutation(hf_name: str, cfg: ModelConfig) -> torch.Tensor | None:
     return None
 
 
-def load_gguf_weights(g: GGUFFile, cfg: ModelConfig, keep_raw: frozenset[str] = frozenset()
-                      ) -> tuple[dict[str, torch.Tensor], dict[str, tuple[GGUFTensor, torch.Tensor | None]]]:
-    """Returns (fp32 weights, raw) where raw[hf_name] = (tensor as stored, row permutation)
-    for names whose GGUF type is in `keep_raw` (by type name, e.g. {"Q4_1"}); those are not
-    dequantised."""
-    from tightfit.engine.loader.dequant import dequantize
+@dataclass(frozen=True)
+class NativeTensor:
+    """A GGUF tensor left as stored (quantised blocks), with the row permutation still to apply.
 
-    weights: dict[str, torch.Tensor] = {}
-    raw: dict[str, tuple[GGUFTensor, torch.Tensor | None]] = {}
+    Produced instead of fp32 for `native` loading; `dequantize()` gives the fp32 weight."""
+
+    tensor: GGUFTensor
+    perm: torch.Tensor | None
+
+    @property
+    def qtype_name(self) -> str:
+        return self.tensor.qtype.name
+
+    def dequantize(self) -> torch.Tensor:
+        from tightfit.engine.loader.dequant import dequantize
+
+        t = self.tensor
+        w = dequantize(t.data, t.qtype, t.shape, name=t.name)
+        return w if self.perm is None else w[self.perm]
+
+
+_FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+class LazyWeights(dict):
+    """name -> NativeTensor; `pop(name)` materialises one weight at a time, so building a model
+    never holds every fp32 tensor at once (peak memory ~ the model built so far + one tensor).
+
+    With keep_native, non-float tensors are returned as NativeTensor for the weight-format
+    factory to convert without a detour through fp32; norms and floats are always fp32."""
+
+    def __init__(self, items: dict[str, NativeTensor], keep_native: bool) -> None:
+        super().__init__(items)
+        self.keep_native = keep_native
+
+    def pop(self, key: str, *default: Any) -> Any:
+        if key not in self and default:
+            return default[0]
+        item: NativeTensor = super().pop(key)
+        if self.keep_native and item.qtype_name not in _FLOAT_TYPES:
+            return item
+        return item.dequantize()
+
+
+def load_gguf_weights(g: GGUFFile, cfg: ModelConfig, keep_native: bool = False) -> LazyWeights:
+    """All tensors the model uses, under HF names, materialised on `pop` (see LazyWeights)."""
+    items: dict[str, NativeTensor] = {}
     for t in g.tensors():
         hf = gguf_name_to_hf(t.name, cfg)
-        if hf is None:
-            continue
-        perm = _row_permutation(hf, cfg)
-        if t.qtype.name in keep_raw and t.name != "token_embd.weight":
-            raw[hf] = (t, perm)
-            continue
-        w = dequantize(t.data, t.qtype, t.shape, name=t.name)
-        if perm is not None:
-            w = w[perm]
-        weights[hf] = w
-    _check_complete(weights.keys() | raw.keys(), cfg, str(g.path))
-    return weights, raw
+        if hf is not None:
+            items[hf] = NativeTensor(t, _row_permutation(hf, cfg))
+    _check_complete(set(items), cfg, str(g.path))
+    return LazyWeights(items, keep_native)
 
 
 def _check_complete(names: set[str] | frozenset[str], cfg: ModelConfig, where: str) -> None:

@@ -7,7 +7,7 @@ through AttentionMetadata; never touches the scheduler or block pool.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -18,8 +18,10 @@ from tightfit.engine.attention import (AttentionMetadata, fast_attention, refere
                                        write_kv)
 from tightfit.engine.models.layers import GatedMLP, Rotary, RMSNorm
 
-# (projection name like "layers.3.qkv", fp32 weight [out, in], bias or None) -> module
-LinearFactory = Callable[[str, torch.Tensor, "torch.Tensor | None"], nn.Module]
+# (projection names, weights [out, in] each, biases or None) -> one module computing all the
+# projections of a shared input, outputs concatenated (q/k/v, gate/up). A weight is an fp32
+# tensor or a packed quantised form the factory knows (e.g. int4 codes read from GGUF).
+LinearFactory = Callable[[list[str], list[Any], "list[torch.Tensor] | None"], nn.Module]
 
 
 class DenseLinear(nn.Module):
@@ -34,8 +36,12 @@ class DenseLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-def dense_factory(name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
-    return DenseLinear(weight, bias)
+def dense_factory(names: list[str], weights: list[Any], biases: list[torch.Tensor] | None
+                  ) -> nn.Module:
+    """fp32 everywhere; fused projections become one matrix (one matmul instead of several)."""
+    w = weights[0] if len(weights) == 1 else torch.cat(weights)
+    b = None if biases is None else (biases[0] if len(biases) == 1 else torch.cat(biases))
+    return DenseLinear(w, b)
 
 
 class Attention(nn.Module):
@@ -43,15 +49,14 @@ class Attention(nn.Module):
                  make_linear: LinearFactory, rotary: Rotary) -> None:
         super().__init__()
         p = f"layers.{layer}."
-        qkv_w = torch.cat([w.pop(p + "self_attn.q_proj.weight"), w.pop(p + "self_attn.k_proj.weight"),
-                           w.pop(p + "self_attn.v_proj.weight")])
-        qkv_b = None
-        if cfg.qkv_bias:
-            qkv_b = torch.cat([w.pop(p + "self_attn.q_proj.bias"), w.pop(p + "self_attn.k_proj.bias"),
-                               w.pop(p + "self_attn.v_proj.bias")])
-        self.qkv = make_linear(p + "qkv", qkv_w, qkv_b)
-        self.o = make_linear(p + "o_proj", w.pop(p + "self_attn.o_proj.weight"),
-                             w.pop(p + "self_attn.o_proj.bias", None))
+        names = [p + n for n in ("q_proj", "k_proj", "v_proj")]
+        qkv_w = [w.pop(p + f"self_attn.{n}.weight") for n in ("q_proj", "k_proj", "v_proj")]
+        qkv_b = ([w.pop(p + f"self_attn.{n}.bias") for n in ("q_proj", "k_proj", "v_proj")]
+                 if cfg.qkv_bias else None)
+        self.qkv = make_linear(names, qkv_w, qkv_b)
+        o_bias = w.pop(p + "self_attn.o_proj.bias", None)
+        self.o = make_linear([p + "o_proj"], [w.pop(p + "self_attn.o_proj.weight")],
+                             None if o_bias is None else [o_bias])
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
             self.q_norm = RMSNorm(w.pop(p + "self_attn.q_norm.weight"), cfg.rms_eps)
@@ -90,10 +95,11 @@ class DecoderLayer(nn.Module):
         eps = cfg.rms_eps
         self.attn_norm = RMSNorm(w.pop(p + "input_layernorm.weight"), eps)
         self.attn = Attention(cfg, layer, w, make_linear, rotary)
-        gate_up = torch.cat([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
-        self.mlp = GatedMLP(make_linear(p + "gate_up", gate_up, None),
-                            make_linear(p + "down_proj", w.pop(p + "mlp.down_proj.weight"), None),
-                            cfg.intermediate_size, cfg.hidden_act)
+        gate_up = make_linear([p + "gate_proj", p + "up_proj"],
+                              [w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")],
+                              None)
+        down = make_linear([p + "down_proj"], [w.pop(p + "mlp.down_proj.weight")], None)
+        self.mlp = GatedMLP(gate_up, down, cfg.intermediate_size, cfg.hidden_act)
         self.sandwich = cfg.sandwich_norm
         if self.sandwich:
             self.post_attn_norm = RMSNorm(w.pop(p + "post_attention_layernorm.weight"), eps)
@@ -118,13 +124,17 @@ class DecoderModel(nn.Module):
     """forward(input_ids [T], positions [T], meta, kv_caches, logits_rows) -> logits [n, vocab]."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor],
-                 make_linear: LinearFactory = dense_factory,
-                 embedding: nn.Module | None = None) -> None:
+                 make_linear: LinearFactory = dense_factory) -> None:
         super().__init__()
         self.cfg = cfg
-        w = dict(weights)
+        w = weights  # consumed: each tensor is dropped from the dict once placed (peak memory)
         embed_w = w.pop("embed_tokens.weight")
-        self.embed = embedding if embedding is not None else nn.Embedding.from_pretrained(embed_w)
+        if isinstance(embed_w, torch.Tensor):
+            self.embed: nn.Module = nn.Embedding.from_pretrained(embed_w)
+        else:  # stored blocks (native / quantised loading): dequantise rows per lookup
+            from tightfit.engine.quant.embedding import QuantizedEmbedding
+
+            self.embed = QuantizedEmbedding(embed_w)
         rope = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_position)
         local = (Rotary(cfg.head_dim, cfg.rope_local_theta, cfg.max_position)
                  if cfg.rope_local_theta else rope)
@@ -133,7 +143,9 @@ class DecoderModel(nn.Module):
             for i in range(cfg.num_layers))
         self.norm = RMSNorm(w.pop("norm.weight"), cfg.rms_eps)
         head_w = w.pop("lm_head.weight", None)
-        self.lm_head = make_linear("lm_head", embed_w if head_w is None else head_w, None)
+        if head_w is None:
+            head_w = embed_w
+        self.lm_head = make_linear(["lm_head"], [head_w], None)
         self.embed_scale = cfg.embed_scale
         if w:
             raise ValueError(f"unused weights: {sorted(w)[:8]}")

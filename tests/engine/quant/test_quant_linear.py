@@ -1,0 +1,210 @@
+"""Packed int8/int4 modules against the plain quantise -> dequantise -> F.linear reference."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tightfit.engine.quant.linear as linear_mod
+from tightfit.engine.quant.formats import weight_nbytes
+from tightfit.engine.quant.linear import Int4Linear, Int8Linear, quantize_linear
+from tightfit.engine.quant.reference import (
+    quantize_int4, quantize_int8, reference_linear, round_bf16)
+from tightfit.errors import TightfitError
+
+# (out, in) pairs: the default model's projections, plus N not a multiple of 16 and small K.
+SHAPES = [(576, 576), (1536, 576), (576, 1536), (100, 96)]
+
+
+def _rand(*shape: int, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def _assert_fp32_close(y: torch.Tensor, ref: torch.Tensor) -> None:
+    """fp32 compute: equal to the reference up to summation order (measured ~1e-6)."""
+    rel = float((y - ref).abs().max() / ref.abs().max())
+    assert rel < 1e-5, rel
+
+
+def _bf16_ulp(t: torch.Tensor) -> torch.Tensor:
+    """The spacing of bf16 values (8 significant bits) around each element of t."""
+    _, exponent = torch.frexp(t)
+    return torch.ldexp(torch.ones_like(t), exponent - 8)
+
+
+def _assert_bf16_close(y: torch.Tensor, ref: torch.Tensor, bias: torch.Tensor | None = None
+                       ) -> None:
+    """bf16 compute: the kernel and the reference both round an fp32 sum to bf16; their sums
+    differ only in summation order, so almost all elements agree exactly and the rest by one
+    bf16 step (a sum that lands next to a rounding midpoint can go either way)."""
+    core = ref if bias is None else ref - bias
+    diff = (y - ref).abs()
+    assert torch.all(diff <= _bf16_ulp(core) + 1e-6 * ref.abs().max()), float(diff.max())
+    assert float((diff > 1e-6 * ref.abs().max()).float().mean()) < 0.01
+
+
+@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_int4_matches_reference(shape: tuple[int, int], group: int, m: int) -> None:
+    out_f, in_f = shape
+    w, b, x = _rand(out_f, in_f, scale=0.05), _rand(out_f, seed=1), _rand(m, in_f, seed=2)
+    qw = quantize_int4(w, group)  # pads 576 -> 640 for group 128, 96 -> 128 for group 64/128
+    _assert_bf16_close(Int4Linear.from_float(w, group, b)(x), reference_linear(
+        x, qw, b, compute="bf16"), b)
+    _assert_fp32_close(Int4Linear.from_float(w, group, b, compute="fp32")(x),
+                       reference_linear(x, qw, b))
+
+
+@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_int8_matches_reference(shape: tuple[int, int], m: int) -> None:
+    out_f, in_f = shape
+    w, b, x = _rand(out_f, in_f, scale=0.05), _rand(out_f, seed=1), _rand(m, in_f, seed=2)
+    qw = quantize_int8(w)
+    _assert_bf16_close(Int8Linear.from_float(w, b)(x), reference_linear(
+        x, qw, b, compute="bf16"), b)
+    _assert_fp32_close(Int8Linear.from_float(w, b, compute="fp32")(x), reference_linear(x, qw, b))
+
+
+def test_bf16_compute_error_is_small_next_to_quantisation_error() -> None:
+    w, x = _rand(1536, 576, scale=0.05), _rand(16, 576, seed=2)
+    exact = F.linear(x, w)
+    qw = quantize_int4(w, 64)
+    fast = Int4Linear.from_float(w, 64)(x)
+    bf16_err = (fast - reference_linear(x, qw)).norm() / exact.norm()
+    quant_err = (reference_linear(x, qw) - exact).norm() / exact.norm()
+    assert bf16_err < 0.005 and bf16_err < quant_err / 10, (bf16_err, quant_err)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4-g32", "int4-g128"])
+def test_leading_shapes_and_layouts(fmt: str) -> None:
+    w = _rand(64, 96, scale=0.05)
+    mod = quantize_linear(w, None, fmt)
+    x = _rand(2, 3, 96, seed=3)
+    y = mod(x)
+    assert y.shape == (2, 3, 64) and y.dtype == torch.float32
+    torch.testing.assert_close(y, mod(x.reshape(6, 96)).reshape(2, 3, 64))
+    assert mod(x[0, 0]).shape == (64,)
+    assert mod(torch.zeros(0, 96)).shape == (0, 64)
+    # A non-contiguous input (a transposed view) gives the same result.
+    xt = _rand(96, 6, seed=4).t()
+    torch.testing.assert_close(mod(xt), mod(xt.contiguous()))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4-g64"])
+def test_input_scale_is_divided_out(fmt: str) -> None:
+    w, x = _rand(128, 192, scale=0.05), _rand(4, 192, seed=2)
+    s = _rand(192, seed=5).abs() + 0.5
+    mod = quantize_linear(w, None, fmt, input_scale=s, compute="fp32")
+    ws = w * s
+    qw = quantize_int8(ws) if fmt == "int8" else quantize_int4(ws, 64)
+    _assert_fp32_close(mod(x), reference_linear(x, qw, input_scale=s))
+    # Still a stand-in for x @ W.T (up to int quantisation error).
+    assert float((mod(x) - F.linear(x, w)).norm() / F.linear(x, w).norm()) < 0.25
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4-g32", "int4-g64", "int4-g128"])
+@pytest.mark.parametrize("shape", [(576, 576), (100, 96)])
+def test_no_fp32_weight_is_kept(fmt: str, shape: tuple[int, int]) -> None:
+    out_f, in_f = shape
+    w = _rand(out_f, in_f, scale=0.05)
+    mod = quantize_linear(w, None, fmt)
+    tensors = list(mod.parameters()) + list(mod.buffers())
+    assert not any(t.is_floating_point() and t.numel() >= out_f * in_f // 4 for t in tensors)
+    assert not any(t.untyped_storage().data_ptr() == w.untyped_storage().data_ptr()
+                   for t in tensors)
+    # The stored bytes are exactly what the memory accounting predicts.
+    assert sum(t.numel() * t.element_size() for t in tensors) == weight_nbytes(fmt, out_f, in_f)
+
+
+def test_fp32_format_is_a_plain_linear_sharing_the_weight() -> None:
+    w, b, x = _rand(64, 96), _rand(64, seed=1), _rand(3, 96, seed=2)
+    mod = quantize_linear(w, b, "fp32")
+    assert isinstance(mod, nn.Linear)
+    assert mod.weight.data_ptr() == w.data_ptr()
+    torch.testing.assert_close(mod(x), F.linear(x, w, b), rtol=0, atol=0)
+
+
+def test_int4_export_round_trip() -> None:
+    w = _rand(100, 576, scale=0.05)
+    qw = quantize_int4(w, 128)
+    mod = Int4Linear.from_float(w, 128)
+    assert torch.equal(mod.codes(), qw.codes)
+    assert torch.equal(mod.scales, round_bf16(qw.scales))
+    assert torch.equal(mod.zeros, round_bf16(qw.zeros))
+    # The packed layout is ISA-specific, so it is not part of the state dict.
+    assert "weight_packed" not in mod.state_dict()
+
+
+def test_chunked_packing_equals_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = _rand(200, 64, scale=0.05)
+    whole = Int4Linear.from_float(w, 32)
+    monkeypatch.setattr(linear_mod, "_ROW_CHUNK", 64)
+    chunked = Int4Linear.from_float(w, 32)
+    assert torch.equal(whole.weight_packed, chunked.weight_packed)
+    assert torch.equal(whole.scales_and_zeros, chunked.scales_and_zeros)
+
+
+def test_group_that_does_not_divide_without_padding() -> None:
+    with pytest.raises(TightfitError, match=r"576.*32, 64"):
+        quantize_linear(_rand(64, 576), None, "int4-g128", pad=False)
+
+
+def test_bad_arguments() -> None:
+    w = _rand(64, 96)
+    with pytest.raises(TightfitError, match="native"):
+        quantize_linear(w, None, "native")
+    with pytest.raises(TightfitError, match="unknown weight format"):
+        quantize_linear(w, None, "int2")
+    with pytest.raises(TightfitError, match="bias"):
+        quantize_linear(w, torch.zeros(63), "int8")
+    with pytest.raises(TightfitError, match="input_scale"):
+        quantize_linear(w, None, "int4-g32", input_scale=torch.zeros(96))
+    with pytest.raises(TightfitError, match="compute"):
+        quantize_linear(w, None, "int8", compute="fp16")  # type: ignore[arg-type]
+    with pytest.raises(TightfitError, match="2-D"):
+        quantize_linear(torch.zeros(96), None, "int8")
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4-g64"])
+def test_module_survives_copies_and_dtype_casts(fmt: str) -> None:
+    import copy
+
+    w, b, x = _rand(64, 128, scale=0.05), _rand(64, seed=1), _rand(3, 128, seed=2)
+    mod = quantize_linear(w, b, fmt)
+    y = mod(x)
+    clone = copy.deepcopy(mod)
+    torch.testing.assert_close(clone(x), y, rtol=0, atol=0)
+    # A model-wide .float() / .half() must not break the kernels' dtype requirements.
+    wrapper = nn.Sequential(mod).float().half().to(torch.float32)
+    torch.testing.assert_close(wrapper(x), y, rtol=0, atol=0)
+    assert mod.bias is not None and mod.bias.dtype == torch.float32
+
+
+def test_fused_projections_equal_separate_ones() -> None:
+    # q/k/v (or gate/up) concatenated by rows: one kernel call, the same numbers per row.
+    from tightfit.engine.quant.reference import concat_rows
+
+    ws = [_rand(576, 576, scale=0.05), _rand(192, 576, seed=1, scale=0.05),
+          _rand(192, 576, seed=2, scale=0.05)]
+    x = _rand(4, 576, seed=3)
+    for quantize, build in ((lambda w: quantize_int4(w, 64), Int4Linear.from_weights),
+                            (quantize_int8, Int8Linear.from_weights)):
+        parts = [quantize(w) for w in ws]
+        fused = build(concat_rows(parts))(x)
+        separate = torch.cat([build(p)(x) for p in parts], dim=-1)
+        torch.testing.assert_close(fused, separate, rtol=0, atol=0)
+
+
+def test_damaged_int4_weights_are_rejected() -> None:
+    from dataclasses import replace
+
+    qw = quantize_int4(_rand(32, 128), 64)
+    with pytest.raises(TightfitError, match="scales have shape"):
+        Int4Linear.from_weights(replace(qw, scales=qw.scales[:, :1]))
+    with pytest.raises(TightfitError, match="0..15"):
+        Int4Linear.from_weights(replace(qw, codes=qw.codes + 16))
+    with pytest.raises(TightfitError, match="group size 32"):
+        Int4Linear.from_weights(replace(qw, group_size=32))
