@@ -11,14 +11,14 @@ torch.set_num_threads(2)
 def default_llm():
     from tightfit import LLM
 
-    return LLM(num_threads=2)
+    return LLM(quant="fp32", num_threads=2)
 
 
 @pytest.fixture(scope="session")
 def gemma_llm():
     from tightfit import LLM
 
-    return LLM("gemma3", num_threads=2)
+    return LLM("gemma3", quant="fp32", num_threads=2)
 
 
 def _hf(name):

@@ -52,6 +52,7 @@ class ModelConfig:
     rope_local_theta: float | None = None  # RoPE base on sliding-window layers
     sliding_window: int | None = None
     sliding_window_pattern: int = 0  # every Nth layer is global; 0 = all global
+    sliding_layers: tuple[int, ...] | None = None  # explicit sliding layers (overrides pattern)
     qk_norm: bool = False
     sandwich_norm: bool = False  # post-attention and pre/post-feed-forward norms
     embed_scale: float = 1.0
@@ -69,9 +70,17 @@ class ModelConfig:
             raise TightfitError(f"unsupported activation {self.hidden_act!r}")
 
     def is_sliding(self, layer: int) -> bool:
-        if not self.sliding_window or not self.sliding_window_pattern:
+        if not self.sliding_window:
+            return False
+        if self.sliding_layers is not None:
+            return layer in self.sliding_layers
+        if not self.sliding_window_pattern:
             return False
         return (layer + 1) % self.sliding_window_pattern != 0
+
+    @property
+    def has_sliding_layers(self) -> bool:
+        return any(self.is_sliding(i) for i in range(self.num_layers))
 
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes

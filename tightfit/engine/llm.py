@@ -1,6 +1,8 @@
 """`LLM`: the offline, vLLM-like entry point — load a model once, then `generate(prompts, params)`.
 
-`LLM(model=None)` is the embedded default model (SmolLM2-135M-Instruct). Batches all prompts
+`LLM(model=None)` is the embedded default model (SmolLM2-135M-Instruct); `quant="native"` runs
+weights as stored in the file (GGUF 4-bit blocks on int4 kernels), "fp32" dequantises.
+Batches all prompts
 through the continuous-batching engine; returns outputs in prompt order.
 """
 from __future__ import annotations
@@ -25,7 +27,7 @@ def default_threads() -> int:
 
 
 class LLM:
-    def __init__(self, model: str | os.PathLike | None = None, quant: str = "fp32",
+    def __init__(self, model: str | os.PathLike | None = None, quant: str = "native",
                  kv_cache_memory: int | str = "256MiB", memory_budget: int | str | None = None,
                  max_model_len: int = 2048, max_num_seqs: int = 32,
                  max_num_batched_tokens: int = 512, block_size: int = 16,

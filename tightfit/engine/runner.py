@@ -39,7 +39,7 @@ class ModelRunner:
         return slots[start:end]
 
     def _window(self) -> int | None:
-        return self.cfg.sliding_window if self.cfg.sliding_window_pattern else None
+        return self.cfg.sliding_window if self.cfg.has_sliding_layers else None
 
     def _decode_group(self, items: list[ScheduledSeq], token_start: int) -> AttentionGroup:
         ctx = [s.start + 1 for s in items]

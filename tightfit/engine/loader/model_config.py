@@ -60,6 +60,22 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
     return ModelConfig(**base)
 
 
+def _rope_theta(cfg: dict[str, Any], layer_type: str, legacy_key: str = "rope_theta") -> float:
+    """RoPE base from `rope_parameters` (Transformers 5: flat, or per layer type) or the
+    legacy top-level key."""
+    params = cfg.get("rope_parameters") or {}
+    if isinstance(params.get(layer_type), dict):
+        params = params[layer_type]
+    theta = params.get("rope_theta", cfg.get(legacy_key))
+    if theta is None:
+        theta = 10000.0
+    scaling = params.get("rope_type", "default")
+    if scaling not in ("default", None):
+        raise UnsupportedModelError(
+            f"RoPE scaling type {scaling!r} is not supported yet (only plain RoPE)")
+    return float(theta)
+
+
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     if "text_config" in cfg:  # multimodal wrapper: use the language model's config
         cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type", "gemma3")}
@@ -77,7 +93,7 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         intermediate_size=int(cfg["intermediate_size"]),
         max_position=int(cfg.get("max_position_embeddings", 2048)),
         rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        rope_theta=_rope_theta(cfg, "full_attention"),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
         qkv_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
         rope_scaling=cfg.get("rope_scaling"),
@@ -86,7 +102,13 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     if arch == "gemma3":
         base.update(_gemma3_extras(hidden, head_dim, cfg.get("sliding_window"),
                                    cfg.get("query_pre_attn_scalar")))
-        base["rope_local_theta"] = float(cfg.get("rope_local_base_freq", 10000.0))
-        base["sliding_window_pattern"] = int(cfg.get("sliding_window_pattern", 6))
+        base["rope_local_theta"] = _rope_theta(cfg, "sliding_attention", "rope_local_base_freq")
+        base["sliding_window_pattern"] = int(cfg.get("sliding_window_pattern")
+                                             or cfg.get("_sliding_window_pattern") or 6)
         base["final_logit_softcap"] = cfg.get("final_logit_softcapping")
+    if cfg.get("layer_types") and (arch == "gemma3" or cfg.get("sliding_window")):
+        base["sliding_layers"] = tuple(i for i, t in enumerate(cfg["layer_types"])
+                                       if t == "sliding_attention")
+        if base["sliding_layers"] and not base.get("sliding_window"):
+            base["sliding_window"] = int(cfg["sliding_window"])
     return ModelConfig(**base)

@@ -1,0 +1,55 @@
+"""Options shared by the subcommands that load a model (generate, chat, serve, eval, ...), and
+the small helpers that turn them into library objects. No torch import at module level."""
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+from typing import Any
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", "-m", default=None,
+                   help="GGUF file, HF-layout directory, or a packaged model name "
+                        "('smollm2-135m' = the embedded default, 'gemma3-270m')")
+    g.add_argument("--quant", default="native",
+                   help="weight format: native, fp32, int8, int4-g32|g64|g128, "
+                        "int4-awq-g32|g64|g128, or a precision-plan file (default: native = as stored)")
+    g.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    g.add_argument("--max-model-len", type=int, default=2048,
+                   help="longest prompt + output in tokens (default: 2048)")
+    g.add_argument("--kv-cache-memory", default="256MiB",
+                   help="memory for the paged KV cache, e.g. 256MiB (default: 256MiB)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=int, default=max_tokens,
+                   help=f"tokens to generate at most (default: {max_tokens})")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1)")
+    g.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def build_llm(args: argparse.Namespace, **extra: Any) -> Any:
+    from tightfit import LLM
+
+    return LLM(model=args.model, quant=args.quant, num_threads=args.threads,
+               max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory, **extra)
+
+
+def sampling_from_args(args: argparse.Namespace) -> Any:
+    from tightfit import SamplingParams
+
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                          top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                          stop=tuple(args.stop))
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MiB (Linux reports KiB)."""
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kib / 1024 if sys.platform != "darwin" else kib / 1024**2
