@@ -8,6 +8,7 @@ the `gguf` package. Dequantisation lives in `dequant.py`. Does not write GGUF fi
 """
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,20 @@ class GGUFTensor:
     name: str
     qtype: Any  # gguf.GGMLQuantizationType
     shape: tuple[int, ...]
-    data: np.ndarray
+    data: np.ndarray  # a view of the file's read-only memory map
+    offset: int = 0
+    file_map: Any = None  # the mmap.mmap behind `data`
+
+    def release(self) -> None:
+        """Drops this tensor's file pages from the process's resident set (they are clean and
+        re-read on the next access), so a loaded model does not keep the file resident too."""
+        if self.file_map is None:
+            return
+        page = mmap.PAGESIZE
+        lo = -(-self.offset // page) * page
+        hi = (self.offset + self.data.nbytes) // page * page
+        if hi > lo:
+            self.file_map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
 class _Cursor:
@@ -126,7 +140,7 @@ class GGUFFile:
             data = raw.view(_FLOAT_NP[qtype.name]).reshape(shape)
         else:
             data = raw.reshape(*shape[:-1], shape[-1] // block * type_size)
-        return GGUFTensor(name, qtype, shape, data)
+        return GGUFTensor(name, qtype, shape, data, lo, self._map._mmap)  # type: ignore[attr-defined]
 
     @property
     def architecture(self) -> str:

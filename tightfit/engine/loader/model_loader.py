@@ -53,5 +53,17 @@ def load_model(model: str | Path | None = None, quant: str | Path = "fp32") -> L
     else:
         net = DecoderModel(cfg, weights, dense_factory if plan.is_fp32 else PlanLinearFactory(plan))
     del weights
+    _return_freed_memory()
     net.eval()
     return LoadedModel(net, cfg, tokenizer, path, str(quant), time.perf_counter() - t0)
+
+
+def _return_freed_memory() -> None:
+    """Hands heap memory freed by load-time temporaries back to the OS (glibc keeps it in
+    per-thread arenas otherwise: ~20-130 MB of RSS measured on the default model)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass

@@ -80,6 +80,7 @@ class NativeTensor:
 
         t = self.tensor
         w = dequantize(t.data, t.qtype, t.shape, name=t.name)
+        t.release()
         return w if self.perm is None else w[self.perm]
 
 

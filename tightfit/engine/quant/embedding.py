@@ -14,14 +14,11 @@ class QuantizedEmbedding(nn.Module):
         """native: a loader NativeTensor holding the [vocab, hidden] table's raw blocks."""
         super().__init__()
         t = native.tensor
-        self.native = native  # kept so a tied output head can be built from the same tensor
         self.qtype = t.qtype
         self.num_embeddings, self.embedding_dim = int(t.shape[0]), int(t.shape[1])
         rows = torch.from_numpy(t.data.reshape(self.num_embeddings, -1).copy())
+        t.release()
         self.register_buffer("rows", rows, persistent=False)
-
-    def tied_weight(self) -> Any:
-        return self.native
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         from tightfit.engine.loader.dequant import dequantize

@@ -151,6 +151,8 @@ class PlanLinearFactory:
                 w.qtype_name in ("Q4_0", "Q4_1", "Q4_K") for w in native):
             parts = [gguf_int4_weights(w.tensor.data, w.tensor.qtype, w.tensor.shape, w.perm,
                                        name=w.tensor.name) for w in native]
+            for w in native:
+                w.tensor.release()
             return Int4Linear.from_weights(concat_rows(parts), bias)
         dense = [w if isinstance(w, torch.Tensor) else w.dequantize() for w in weights]
         w = dense[0] if len(dense) == 1 else torch.cat(dense)
