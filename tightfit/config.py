@@ -86,6 +86,9 @@ class ModelConfig:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
 
+KV_DTYPES = ("fp32", "int8")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """Paged KV cache: fixed-size blocks of `block_size` tokens from one shared pool."""
@@ -94,12 +97,28 @@ class CacheConfig:
     kv_cache_bytes: int = 256 * 1024**2
     num_blocks: int | None = None  # overrides kv_cache_bytes when set
     enable_prefix_caching: bool = True
+    # Length tiers as (name, max tokens, share of blocks); the last tier stretches to
+    # max_model_len. One tier = a single shared pool.
+    tiers: tuple[tuple[str, int, float], ...] = (("short", 512, 0.5), ("long", 2048, 0.5))
+    swap_bytes: int = 256 * 1024**2  # disk-backed swap area for preempted sequences; 0 = off
+    idle_ttl_s: float | None = 600.0  # cached prefixes idle this long are forgotten
+    kv_dtype: str = "fp32"  # "fp32", or "int8" (per-token, per-head fp32 scales, symmetric absmax)
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise TightfitError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise TightfitError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise TightfitError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, "
+                                f"got {self.kv_dtype!r}")
+
+    def kv_bytes_per_token(self, model: ModelConfig) -> int:
+        """Real bytes one token occupies in this cache, all layers, K and V (int8: the codes
+        plus one fp32 scale per head)."""
+        if self.kv_dtype == "int8":
+            return 2 * model.num_layers * model.num_kv_heads * (model.head_dim + 4)
+        return model.kv_bytes_per_token(4)
 
 
 @dataclass(frozen=True)
@@ -109,11 +128,18 @@ class SchedulerConfig:
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512  # also the prefill chunk size
     max_model_len: int = 2048
+    max_waiting: int = 1024  # requests queued beyond this are refused ("queue full")
+    aging_s: float = 10.0  # a waiting request's priority improves by 1 per aging_s waited
+    max_preemptions: int = 3  # a request preempted this often is no longer picked as victim
+    preemption_mode: str = "auto"  # "auto" (cost rule), "recompute" or "swap"
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_waiting"):
             if getattr(self, name) < 1:
                 raise TightfitError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.preemption_mode not in ("auto", "recompute", "swap"):
+            raise TightfitError(f"preemption_mode must be auto, recompute or swap, got "
+                                f"{self.preemption_mode!r}")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ torch; knows nothing about tensors, only block ids.
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
@@ -18,6 +19,7 @@ class Block:
     ref_count: int = 0
     block_hash: int | None = None
     token_ids: tuple[int, ...] = ()
+    freed_at: float = 0.0  # when its last reference was dropped (for idle reclaim)
 
 
 def chain_hash(parent: int | None, tokens: Sequence[int]) -> int:
@@ -38,6 +40,8 @@ class BlockPool:
         self.enable_prefix_caching = enable_prefix_caching
         self.prefix_hit_tokens = 0
         self.prefix_query_tokens = 0
+        self.evicted_blocks = 0  # cached contents dropped to make room (LRU under pressure)
+        self.reclaimed_idle_blocks = 0  # cached contents dropped for being idle past the TTL
 
     @property
     def num_blocks(self) -> int:
@@ -63,8 +67,8 @@ class BlockPool:
             block_id, _ = self._free.popitem(last=False)
             block = self.blocks[block_id]
             if block.block_hash is not None:
-                self._cached.pop(block.block_hash, None)
-                block.block_hash, block.token_ids = None, ()
+                self._uncache(block)
+                self.evicted_blocks += 1
             block.ref_count = 1
             ids.append(block_id)
         return ids
@@ -78,6 +82,27 @@ class BlockPool:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self._free[block_id] = None
+                block.freed_at = time.monotonic()
+
+    def _uncache(self, block: Block) -> None:
+        if self._cached.get(block.block_hash) == block.block_id:  # type: ignore[arg-type]
+            del self._cached[block.block_hash]  # type: ignore[arg-type]
+        block.block_hash, block.token_ids = None, ()
+
+    def reclaim_idle(self, ttl_s: float, now: float | None = None) -> int:
+        """Forgets cached prefixes whose blocks have been free for longer than ttl_s (idle
+        conversations); returns how many. Free blocks are scanned oldest first."""
+        now = time.monotonic() if now is None else now
+        n = 0
+        for block_id in self._free:
+            block = self.blocks[block_id]
+            if now - block.freed_at < ttl_s:
+                break
+            if block.block_hash is not None:
+                self._uncache(block)
+                n += 1
+        self.reclaimed_idle_blocks += n
+        return n
 
     def match_prefix(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
         """Finds cached full blocks that hold a prefix of `token_ids`, leaving at least one

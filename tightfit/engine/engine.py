@@ -12,6 +12,7 @@ from typing import Any
 
 from tightfit.config import EngineConfig
 from tightfit.engine.block_pool import BlockPool
+from tightfit.engine.memory_pool import MemoryPool, Tier
 from tightfit.engine.request import RequestOutput, Sequence, Status
 from tightfit.engine.runner import ModelRunner, num_kv_blocks
 from tightfit.engine.sampler import Sampler
@@ -58,12 +59,19 @@ class LLMEngine:
         self.config = config
         self.model_config = config.model
         self.tokenizer = tokenizer
-        blocks = num_kv_blocks(config.model, config.cache)
-        self.pool = BlockPool(blocks, config.cache.block_size, config.cache.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, self.pool)
-        self.runner = ModelRunner(model, config.model, config.cache, blocks, config.attention)
-        self.sampler = Sampler()
+        cache = config.cache
+        blocks = num_kv_blocks(config.model, cache)
         self.max_model_len = min(config.scheduler.max_model_len, config.model.max_position)
+        self.pool = BlockPool(blocks, cache.block_size, cache.enable_prefix_caching)
+        self.runner = ModelRunner(model, config.model, cache, blocks, config.attention)
+        # Swap copies plain fp32 cache tensors; int8 KV preempts by recompute only.
+        swap_slots = (cache.swap_bytes // self.runner.block_bytes
+                      if cache.swap_bytes and cache.kv_dtype == "fp32" else 0)
+        memory = MemoryPool(self.pool, make_tiers(cache.tiers, self.max_model_len), swap_slots)
+        self.scheduler = Scheduler(config.scheduler, self.pool, memory=memory,
+                                   idle_ttl_s=cache.idle_ttl_s)
+        self.scheduler.cost.block_bytes = self.runner.block_bytes
+        self.sampler = Sampler()
         self._seqs: dict[str, Sequence] = {}
         self._text: dict[str, _TextState] = {}
         self._arrivals = itertools.count()
@@ -83,11 +91,11 @@ class LLMEngine:
             raise RequestError(f"request id {rid!r} is already in use")
         seq = Sequence(rid, ids, params, priority, next(self._arrivals),
                        prompt if isinstance(prompt, str) else None)
+        self.scheduler.add(seq)  # may refuse: too long for every tier, queue full
         self._seqs[rid] = seq
         stops = tuple(params.stop)
         self._text[rid] = _TextState(
             self.tokenizer.incremental_decoder(skip_special_tokens=params.skip_special_tokens), stops)
-        self.scheduler.add(seq)
         return rid
 
     def _validate_prompt(self, ids: list[int]) -> None:
@@ -122,7 +130,11 @@ class LLMEngine:
         for s in out.scheduled:
             if s.seq.metrics.first_scheduled_time is None:
                 s.seq.metrics.first_scheduled_time = now
+        t0 = time.perf_counter()
         sampling, logits = self.runner.execute(out)
+        self.scheduler.cost.observe_prefill(time.perf_counter() - t0, out.num_tokens)
+        if self.runner.last_swap_bytes:
+            self.scheduler.cost.observe_swap(self.runner.last_swap_s, self.runner.last_swap_bytes)
         self.scheduler.after_step(out)
         token_ids = self.sampler.sample([s.seq for s in sampling], logits) if sampling else []
         self.num_steps += 1
@@ -166,6 +178,28 @@ class LLMEngine:
             "num_waiting": len(self.scheduler.waiting),
             "kv_usage": self.pool.usage(),
             "num_preemptions": self.scheduler.num_preemptions,
+            "num_swaps": self.scheduler.num_swaps,
+            "kv_usage_by_tier": self.scheduler.memory.usage_by_tier(),
             "prefix_hit_tokens": self.pool.prefix_hit_tokens,
             "prefix_query_tokens": self.pool.prefix_query_tokens,
+            "kv_evicted_blocks": self.pool.evicted_blocks,
+            "kv_reclaimed_idle_blocks": self.pool.reclaimed_idle_blocks,
+            "waiting_by_priority": _count_by_priority(self.scheduler.waiting),
+            "running_by_priority": _count_by_priority(self.scheduler.running),
         }
+
+
+def make_tiers(spec: tuple[tuple[str, int, float], ...], max_model_len: int) -> tuple[Tier, ...]:
+    """Tiers from the cache config; the last one stretches to max_model_len, and tiers above
+    it are dropped (a request can never be longer than max_model_len)."""
+    tiers = [Tier(n, min(m, max_model_len), s) for n, m, s in sorted(spec, key=lambda t: t[1])]
+    kept = [t for t in tiers if t.max_len < max_model_len]
+    last = tiers[len(kept)] if len(kept) < len(tiers) else tiers[-1]
+    return tuple(kept) + (Tier(last.name, max_model_len, last.share),)
+
+
+def _count_by_priority(seqs: list[Sequence]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for s in seqs:
+        counts[s.priority] = counts.get(s.priority, 0) + 1
+    return counts

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from tightfit.config import CacheConfig, EngineConfig, SchedulerConfig, parse_bytes
+from tightfit.config import KV_DTYPES, CacheConfig, EngineConfig, SchedulerConfig, parse_bytes
 from tightfit.engine.engine import LLMEngine
 from tightfit.engine.loader.model_loader import load_model
 from tightfit.engine.request import RequestOutput
@@ -32,39 +32,51 @@ class LLM:
                  max_model_len: int = 2048, max_num_seqs: int = 32,
                  max_num_batched_tokens: int = 512, block_size: int = 16,
                  enable_prefix_caching: bool = True, num_threads: int | None = None,
-                 attention: str = "fast") -> None:
+                 attention: str = "fast", kv_dtype: str = "fp32",
+                 swap_bytes: int | str = "256MiB",
+                 tiers: tuple[tuple[str, int, float], ...] | None = None,
+                 idle_ttl_s: float | None = 600.0, preemption_mode: str = "auto") -> None:
         if attention not in ("fast", "reference"):
             raise TightfitError(f"attention must be 'fast' or 'reference', got {attention!r}")
+        if kv_dtype not in KV_DTYPES:  # checked before the (slow) model load
+            raise TightfitError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, "
+                                f"got {kv_dtype!r}")
+        sched = SchedulerConfig(max_num_seqs=max_num_seqs,
+                                max_num_batched_tokens=max_num_batched_tokens,
+                                max_model_len=max_model_len, preemption_mode=preemption_mode)
+        self.memory_budget = parse_bytes(memory_budget) if memory_budget is not None else None
+        kv_bytes = parse_bytes(kv_cache_memory)
+        swap = parse_bytes(swap_bytes) if swap_bytes not in (0, "0") else 0
         self.num_threads = num_threads or default_threads()
         torch.set_num_threads(self.num_threads)
         loaded = load_model(model, quant)
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.load_time_s = loaded.load_time_s
-        self.memory_budget = parse_bytes(memory_budget) if memory_budget is not None else None
-        cfg = EngineConfig(
-            model=loaded.config,
-            cache=CacheConfig(block_size=block_size, kv_cache_bytes=parse_bytes(kv_cache_memory),
-                              enable_prefix_caching=enable_prefix_caching),
-            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
-                                      max_num_batched_tokens=max_num_batched_tokens,
-                                      max_model_len=max_model_len),
-            attention=attention, num_threads=self.num_threads)
+        if self.memory_budget is not None:
+            kv_bytes = kv_bytes_for_budget(self.memory_budget, loaded, block_size, max_model_len,
+                                           max_num_batched_tokens, max_num_seqs, kv_dtype)
+        cache = CacheConfig(block_size=block_size, kv_cache_bytes=kv_bytes,
+                            enable_prefix_caching=enable_prefix_caching, kv_dtype=kv_dtype,
+                            swap_bytes=swap, tiers=tiers or CacheConfig.tiers,
+                            idle_ttl_s=idle_ttl_s)
+        cfg = EngineConfig(model=loaded.config, cache=cache, scheduler=sched,
+                           attention=attention, num_threads=self.num_threads)
         self.engine = LLMEngine(loaded.model, loaded.tokenizer, cfg)
 
-    def derive(self, *, block_size: int | None = None, num_blocks: int | None = None,
-               max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-               enable_prefix_caching: bool | None = None, attention: str | None = None) -> "LLM":
+    def derive(self, *, attention: str | None = None, **fields: Any) -> "LLM":
         """A new LLM sharing this one's weights and tokenizer, with a fresh engine (own KV pool)
-        built from this config with the given fields replaced."""
+        built from this config with the given CacheConfig / SchedulerConfig fields replaced."""
         c = self.config
-        cache = replace(c.cache, **{k: v for k, v in dict(
-            block_size=block_size, num_blocks=num_blocks,
-            enable_prefix_caching=enable_prefix_caching).items() if v is not None})
-        sched = replace(c.scheduler, **{k: v for k, v in dict(
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens).items()
-            if v is not None})
-        cfg = replace(c, cache=cache, scheduler=sched, attention=attention or c.attention)
+        cache_fields = {k: v for k, v in fields.items() if k in CacheConfig.__dataclass_fields__}
+        sched_fields = {k: v for k, v in fields.items()
+                        if k in SchedulerConfig.__dataclass_fields__}
+        unknown = set(fields) - set(cache_fields) - set(sched_fields)
+        if unknown:
+            raise TightfitError(f"unknown engine settings: {sorted(unknown)}")
+        cfg = replace(c, cache=replace(c.cache, **cache_fields),
+                      scheduler=replace(c.scheduler, **sched_fields),
+                      attention=attention or c.attention)
         other = object.__new__(LLM)
         other.__dict__.update(self.__dict__)
         other.engine = LLMEngine(self.loaded.model, self.tokenizer, cfg)
@@ -118,3 +130,31 @@ class LLM:
         """Renders messages with the model's chat template and tokenises them."""
         return self.tokenizer.encode(self.tokenizer.apply_chat_template(messages),
                                      add_special_tokens=False)
+
+
+def kv_bytes_for_budget(budget: int, loaded: Any, block_size: int, max_model_len: int,
+                        max_batched_tokens: int, max_num_seqs: int, kv_dtype: str = "fp32") -> int:
+    """Sizes the KV pool so that weights + runtime + activations + KV fit in `budget` bytes.
+
+    Weights and runtime are measured (this process's resident set after loading, which holds
+    the interpreter, torch and the tokenizer too); activations are estimated from the largest
+    step. Raises when the budget cannot hold the model and one full-length sequence."""
+    import psutil
+
+    cfg = loaded.config
+    resident = psutil.Process().memory_info().rss
+    per_token = (6 * cfg.hidden_size + 3 * cfg.intermediate_size
+                 + cfg.num_heads * cfg.head_dim * 2) * 4
+    activations = max_batched_tokens * per_token + 2 * max_num_seqs * cfg.vocab_size * 4
+    kv_token = CacheConfig(kv_dtype=kv_dtype).kv_bytes_per_token(cfg)
+    one_seq = -(-min(max_model_len, 512) // block_size) * block_size * kv_token
+    kv = int((budget - resident - activations) * 0.95)
+    if kv < one_seq:
+        need = resident + activations + one_seq
+        raise TightfitError(
+            f"memory budget {budget / 2**20:.0f} MiB cannot hold this model: it needs at least "
+            f"{need / 2**20:.0f} MiB (weights and runtime {resident / 2**20:.0f} MiB measured, "
+            f"activations ~{activations / 2**20:.0f} MiB, KV for one {min(max_model_len, 512)}-"
+            f"token sequence {one_seq / 2**20:.0f} MiB); raise --memory-budget or pick a smaller "
+            "weight format (--quant int4-g64)")
+    return kv

@@ -45,6 +45,8 @@ class Sequence:
     finish_reason: str | None = None
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
     num_preemptions: int = 0
+    tier: int = 0  # memory-pool length tier
+    swap_slots: list[int] = field(default_factory=list)  # parked KV blocks while swapped out
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
 
     def __post_init__(self) -> None:

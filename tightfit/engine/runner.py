@@ -6,17 +6,26 @@ Owns the KV cache tensors; never touches queues or decides who runs.
 """
 from __future__ import annotations
 
+import mmap
+import tempfile
+import time
+
+import numpy as np
 import torch
 
 from tightfit.config import CacheConfig, ModelConfig
-from tightfit.engine.attention import AttentionGroup, AttentionMetadata
+from tightfit.engine.attention import AttentionGroup, AttentionMetadata, make_kv_cache
 from tightfit.engine.scheduler import ScheduledSeq, SchedulerOutput
 
 
-def num_kv_blocks(model: ModelConfig, cache: CacheConfig, dtype_bytes: int = 4) -> int:
+def num_kv_blocks(model: ModelConfig, cache: CacheConfig, dtype_bytes: int | None = None) -> int:
+    """Blocks that fit cache.kv_cache_bytes at the cache's real bytes per token (int8 codes plus
+    scales for kv_dtype="int8"); `dtype_bytes` forces a plain per-element width instead."""
     if cache.num_blocks is not None:
         return cache.num_blocks
-    per_block = model.kv_bytes_per_token(dtype_bytes) * cache.block_size
+    per_token = (cache.kv_bytes_per_token(model) if dtype_bytes is None
+                 else model.kv_bytes_per_token(dtype_bytes))
+    per_block = per_token * cache.block_size
     return max(1, cache.kv_cache_bytes // per_block)
 
 
@@ -30,8 +39,14 @@ class ModelRunner:
         shape = (num_blocks, cache.block_size, cfg.num_kv_heads, cfg.head_dim)
         # torch.empty: pages become resident only when first written, so an idle pool costs
         # address space, not RSS.
-        self.kv_caches = [(torch.empty(shape), torch.empty(shape)) for _ in range(cfg.num_layers)]
+        kv_dtype = cache.kv_dtype
+        self.kv_caches = [(make_kv_cache(shape, kv_dtype), make_kv_cache(shape, kv_dtype))
+                          for _ in range(cfg.num_layers)]
         self._offsets = torch.arange(cache.block_size)
+        self.block_bytes = cache.kv_bytes_per_token(cfg) * cache.block_size
+        self._swap: SwapSpace | None = None
+        self._swap_bytes = cache.swap_bytes
+        self.last_swap_bytes, self.last_swap_s = 0, 0.0
 
     def _slots(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
         blocks = torch.tensor(block_table, dtype=torch.long)
@@ -99,9 +114,29 @@ class ModelRunner:
             meta.groups.append(self._prefill_group(s, meta.query_starts[ordered.index(s)]))
         return torch.tensor(ids), torch.tensor(pos), meta, ordered
 
+    def swap_space(self) -> SwapSpace:
+        if self._swap is None:
+            self._swap = SwapSpace(self.kv_caches, self._swap_bytes // self.block_bytes)
+        return self._swap
+
+    def _do_swaps(self, out: SchedulerOutput) -> None:
+        t0 = time.perf_counter()
+        moved = 0
+        for blocks, slots in out.swap_out:  # out first: freed blocks may be reused this step
+            self.swap_space().store(blocks, slots)
+            moved += len(blocks)
+        for slots, blocks in out.swap_in:
+            self.swap_space().load(slots, blocks)
+            moved += len(blocks)
+        self.last_swap_bytes = moved * self.block_bytes
+        self.last_swap_s = time.perf_counter() - t0
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> tuple[list[ScheduledSeq], torch.Tensor]:
         """Runs the step; returns the sequences that sample and their logits [n, vocab]."""
+        self.last_swap_bytes = 0
+        if out.swap_out or out.swap_in:
+            self._do_swaps(out)
         input_ids, positions, meta, ordered = self.prepare(out)
         rows = [meta.query_starts[i] + s.num_new_tokens - 1
                 for i, s in enumerate(ordered) if s.samples]
@@ -112,3 +147,37 @@ class ModelRunner:
             rows_t = torch.tensor(rows)
         logits = self.model(input_ids, positions, meta, self.kv_caches, rows_t, self.attention)
         return sampling, logits
+
+
+class SwapSpace:
+    """A disk-backed (temporary file, memory-mapped) area holding preempted sequences' KV
+    blocks, so that under a RAM budget they leave resident memory instead of being recomputed.
+    One slot holds one block of every layer's K and V. On a GPU this would be host memory."""
+
+    def __init__(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], num_slots: int) -> None:
+        k0 = kv_caches[0][0]
+        self.kv_caches = kv_caches
+        self._file = tempfile.TemporaryFile(prefix="tightfit-swap-")
+        shape = (num_slots, len(kv_caches), 2, *k0.shape[1:])
+        self._file.truncate(int(np.prod(shape)) * 4)  # sparse: disk is used as slots fill
+        self._map = np.memmap(self._file, dtype=np.float32, mode="r+", shape=shape)
+        self.area = torch.from_numpy(self._map)
+
+    def _drop_resident(self) -> None:
+        # The mapping is shared and file-backed: dropping our pages keeps the data (page cache,
+        # then disk) but takes it out of this process's resident set, which the budget counts.
+        self._map._mmap.madvise(mmap.MADV_DONTNEED)  # type: ignore[attr-defined]
+
+    def store(self, blocks: list[int], slots: list[int]) -> None:
+        b, s = torch.tensor(blocks), torch.tensor(slots)
+        for layer, (k, v) in enumerate(self.kv_caches):
+            self.area[s, layer, 0] = k[b]
+            self.area[s, layer, 1] = v[b]
+        self._drop_resident()
+
+    def load(self, slots: list[int], blocks: list[int]) -> None:
+        b, s = torch.tensor(blocks), torch.tensor(slots)
+        for layer, (k, v) in enumerate(self.kv_caches):
+            k[b] = self.area[s, layer, 0]
+            v[b] = self.area[s, layer, 1]
+        self._drop_resident()

@@ -1,17 +1,23 @@
 """Continuous batching: each step decides which sequences run and how many tokens each
 computes, under a token budget (long prompts are prefilled in chunks so decodes never stall)
-and the block pool's capacity (recompute-preemption of the least important running sequence).
+and the memory pool's tiers. When blocks run out, the least important running sequence is
+preempted — by recompute (drop its KV) or swap (park its blocks in the swap area), whichever the
+cost rule says is cheaper — and a more important waiting request may preempt running ones.
 
-Pure Python: hands the runner a SchedulerOutput and never touches tensors. The waiting-queue
-order is a swappable policy (FCFS, or priority then arrival as in vLLM: lower value first).
+Pure Python: hands the runner a SchedulerOutput and never touches tensors. The queue order is
+a swappable policy: priority then arrival (vLLM's convention: lower value first) with aging, so
+that low priority cannot starve, or plain FCFS.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from tightfit.config import SchedulerConfig
 from tightfit.engine.block_pool import BlockPool
+from tightfit.engine.memory_pool import MemoryPool, PreemptionCostModel, Tier
 from tightfit.engine.request import Sequence, Status
+from tightfit.errors import RequestError
 
 
 class FCFSPolicy:
@@ -22,10 +28,17 @@ class FCFSPolicy:
 
 
 class PriorityPolicy:
-    """Lower `priority` value first, then arrival (vLLM's convention)."""
+    """Lower `priority` value first, then arrival; waiting improves priority by one level per
+    `aging_s` seconds (0 disables aging)."""
+
+    def __init__(self, aging_s: float = 0.0) -> None:
+        self.aging_s = aging_s
 
     def key(self, seq: Sequence) -> tuple:
-        return (seq.priority, seq.arrival_index)
+        prio = seq.priority
+        if self.aging_s > 0:
+            prio -= int((time.perf_counter() - seq.metrics.arrival_time) / self.aging_s)
+        return (prio, seq.arrival_index)
 
 
 @dataclass
@@ -44,6 +57,8 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    swap_out: list[tuple[list[int], list[int]]] = field(default_factory=list)  # blocks -> slots
+    swap_in: list[tuple[list[int], list[int]]] = field(default_factory=list)  # slots -> blocks
 
     @property
     def num_tokens(self) -> int:
@@ -51,22 +66,38 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, pool: BlockPool, policy: object | None = None) -> None:
+    def __init__(self, cfg: SchedulerConfig, pool: BlockPool, policy: object | None = None,
+                 memory: MemoryPool | None = None, idle_ttl_s: float | None = None) -> None:
         self.cfg = cfg
         self.pool = pool
-        self.policy = policy or PriorityPolicy()
+        self.memory = memory or MemoryPool(pool, (Tier("all", cfg.max_model_len, 1.0),))
+        self.policy = policy or PriorityPolicy(cfg.aging_s)
+        self.cost = PreemptionCostModel()
+        self.idle_ttl_s = idle_ttl_s
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.num_swaps = 0
+        self._last_reclaim = 0.0
 
     def add(self, seq: Sequence) -> None:
+        """Queues a request, or refuses it up front (too long for any tier, queue full)."""
+        if len(self.waiting) >= self.cfg.max_waiting:
+            raise RequestError(f"the queue is full ({self.cfg.max_waiting} waiting requests); "
+                               "retry later")
+        seq.tier = self.memory.tier_for(min(seq.num_prompt_tokens + seq.params.max_tokens,
+                                            self.cfg.max_model_len))
         seq.status = Status.WAITING
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def _busy_tiers(self) -> set[int]:
+        return {s.tier for s in self.running} | {s.tier for s in self.waiting}
+
     def schedule(self) -> SchedulerOutput:
+        self._reclaim_idle()
         out = SchedulerOutput()
         budget = self.cfg.max_num_batched_tokens
         self.running.sort(key=self.policy.key)
@@ -80,30 +111,60 @@ class Scheduler:
                 continue
             out.scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens))
             budget -= n
-        if not out.preempted:  # admitting while preempting would thrash
-            budget = self._admit(out, budget)
+        if not out.preempted:  # admitting while preempting for growth would thrash
+            self._admit(out)
         return out
 
+    def _reclaim_idle(self) -> None:
+        now = time.monotonic()
+        if self.idle_ttl_s is not None and now - self._last_reclaim > 1.0:
+            self._last_reclaim = now
+            self.pool.reclaim_idle(self.idle_ttl_s, now)
+
+    def _blocks_to_grow(self, seq: Sequence, n: int) -> int:
+        return self.pool.blocks_needed(seq.num_computed_tokens + n) - len(seq.block_table)
+
     def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
-        """Grows seq's block table for n more tokens, preempting the least important other
-        running sequences if needed; preempts seq itself if nothing else can give way."""
-        need = self.pool.blocks_needed(seq.num_computed_tokens + n) - len(seq.block_table)
-        while need > self.pool.num_free:
-            victims = [s for s in self.running if s is not seq
-                       and all(s is not x.seq for x in out.scheduled)]
+        """Grows seq's block table for n more tokens, preempting the least important running
+        sequences not yet scheduled this step; preempts seq itself if nothing else can give."""
+        need = self._blocks_to_grow(seq, n)
+        while need > self.memory.available(seq.tier, self._busy_tiers()):
+            victims = self._victims(seq, out, strictly_lower=False)
             if not victims:
                 self._preempt(seq, out)
                 return False
             self._preempt(max(victims, key=self.policy.key), out)
         if need > 0:
-            seq.block_table.extend(self.pool.allocate(need))
+            seq.block_table.extend(self.memory.take(seq.tier, need))
         return True
 
+    def _victims(self, seq: Sequence, out: SchedulerOutput, strictly_lower: bool) -> list[Sequence]:
+        """Running sequences whose blocks would help seq: same tier, or tiers over quota."""
+        # Growth only takes from sequences not yet scheduled (all less important, as running is
+        # visited in policy order); a waiting request may also unschedule one from this step.
+        scheduled = set() if strictly_lower else {id(x.seq) for x in out.scheduled}
+        key = self.policy.key(seq)
+        return [s for s in self.running if s is not seq and id(s) not in scheduled
+                and (s.tier == seq.tier or self.memory.over_quota(s.tier))
+                and (not strictly_lower or (self.policy.key(s) > key
+                                            and s.num_preemptions < self.cfg.max_preemptions))]
+
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
-        """Recompute-preemption: drop the KV blocks; the sequence re-prefills all its tokens."""
-        self.pool.free(seq.block_table)
-        seq.block_table, seq.block_hashes = [], []
-        seq.num_computed_tokens = 0
+        out.scheduled = [x for x in out.scheduled if x.seq is not seq]  # bookkeeping only so far
+        mode = self.cfg.preemption_mode
+        blocks = len(seq.block_table)
+        can_swap = 0 < blocks <= self.memory.swap.num_free
+        swap = can_swap and (mode == "swap" or (mode == "auto" and self.cost.prefer_swap(
+            seq.num_computed_tokens, blocks)))
+        if swap:  # park the KV blocks; progress is kept
+            seq.swap_slots = self.memory.swap.take(blocks)
+            out.swap_out.append((list(seq.block_table), seq.swap_slots))
+            self.num_swaps += 1
+        else:  # recompute: drop the KV; the sequence re-prefills all its tokens later
+            seq.num_computed_tokens = 0
+            seq.block_hashes = []
+        self.memory.release(seq.tier, seq.block_table)
+        seq.block_table = []
         seq.num_preemptions += 1
         seq.status = Status.WAITING
         self.running.remove(seq)
@@ -111,28 +172,83 @@ class Scheduler:
         self.num_preemptions += 1
         out.preempted.append(seq)
 
-    def _admit(self, out: SchedulerOutput, budget: int) -> int:
+    def _admit(self, out: SchedulerOutput) -> None:
+        """Admits waiting sequences in policy order. One that does not fit blocks the rest of
+        its own tier only (order within a tier is kept; other tiers are not held up)."""
         self.waiting.sort(key=self.policy.key)
-        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
-            seq = self.waiting[0]
-            cached, hashes = self.pool.match_prefix(seq.token_ids)
-            computed = len(cached) * self.pool.block_size
-            n = min(seq.num_tokens - computed, budget)
-            need = self.pool.blocks_needed(computed + n) - len(cached)
-            if need > self.pool.num_free:
-                self.pool.free(cached)
+        blocked: set[int] = set()
+        for seq in list(self.waiting):
+            budget = self.cfg.max_num_batched_tokens - out.num_tokens
+            if budget <= 0:
                 break
-            seq.block_table = cached + self.pool.allocate(need)
-            seq.block_hashes = hashes
-            seq.num_computed_tokens = computed
-            if seq.num_preemptions == 0:
-                seq.num_cached_tokens = computed
-            seq.status = Status.RUNNING
-            self.waiting.pop(0)
+            if seq.tier in blocked:
+                continue
+            if len(self.running) >= self.cfg.max_num_seqs and not self._evict_for_slot(seq, out):
+                break
+            ok = (self._admit_swapped(seq, out, budget) if seq.swap_slots
+                  else self._admit_fresh(seq, out, budget))
+            if not ok:
+                blocked.add(seq.tier)
+                continue
+            self.waiting.remove(seq)
             self.running.append(seq)
-            out.scheduled.append(ScheduledSeq(seq, n, computed))
-            budget -= n
-        return budget
+            seq.status = Status.RUNNING
+
+    def _evict_for_slot(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        """At max_num_seqs, a more important waiting request takes the slot of the least
+        important running one."""
+        victims = [s for s in self.running if self.policy.key(s) > self.policy.key(seq)
+                   and s.num_preemptions < self.cfg.max_preemptions]
+        if not victims:
+            return False
+        self._preempt(max(victims, key=self.policy.key), out)
+        return True
+
+    def _fit(self, seq: Sequence, need: int, out: SchedulerOutput) -> bool:
+        """Makes `need` blocks available to a waiting seq, preempting strictly less important
+        running sequences, but only if that is enough."""
+        avail = self.memory.available(seq.tier, self._busy_tiers())
+        if need <= avail:
+            return True
+        victims = sorted(self._victims(seq, out, strictly_lower=True), key=self.policy.key,
+                         reverse=True)
+        if need > avail + sum(len(v.block_table) for v in victims):
+            return False
+        for v in victims:
+            self._preempt(v, out)
+            if need <= self.memory.available(seq.tier, self._busy_tiers()):
+                return True
+        return need <= self.memory.available(seq.tier, self._busy_tiers())
+
+    def _admit_fresh(self, seq: Sequence, out: SchedulerOutput, budget: int) -> bool:
+        cached, hashes = self.pool.match_prefix(seq.token_ids)
+        computed = len(cached) * self.pool.block_size
+        n = min(seq.num_tokens - computed, budget)
+        need = self.pool.blocks_needed(computed + n) - len(cached)
+        self.memory.adopt(seq.tier, len(cached))
+        if not self._fit(seq, need, out):
+            self.memory.release(seq.tier, cached)
+            return False
+        seq.block_table = cached + self.memory.take(seq.tier, need)
+        seq.block_hashes = hashes
+        seq.num_computed_tokens = computed
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens = computed
+        out.scheduled.append(ScheduledSeq(seq, n, computed))
+        return True
+
+    def _admit_swapped(self, seq: Sequence, out: SchedulerOutput, budget: int) -> bool:
+        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        held = len(seq.swap_slots)
+        need = self.pool.blocks_needed(seq.num_computed_tokens + n)
+        if not self._fit(seq, need, out):
+            return False
+        seq.block_table = self.memory.take(seq.tier, need)
+        out.swap_in.append((seq.swap_slots, seq.block_table[:held]))
+        self.memory.swap.give_back(seq.swap_slots)
+        seq.swap_slots = []
+        out.scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens))
+        return True
 
     def after_step(self, out: SchedulerOutput) -> None:
         """Advances progress and registers newly completed full blocks in the prefix cache."""
@@ -152,5 +268,8 @@ class Scheduler:
             self.running.remove(seq)
         if seq in self.waiting:
             self.waiting.remove(seq)
-        self.pool.free(seq.block_table)
+        self.memory.release(seq.tier, seq.block_table)
         seq.block_table = []
+        if seq.swap_slots:
+            self.memory.swap.give_back(seq.swap_slots)
+            seq.swap_slots = []
