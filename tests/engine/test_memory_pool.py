@@ -2,6 +2,8 @@
 swap vs recompute equality, refusals up front, idle reclaim, and the memory budget."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tightfit import SamplingParams
@@ -99,9 +101,13 @@ def test_aging_lets_low_priority_overtake_eventually():
     pol = PriorityPolicy(aging_s=1.0)
     old = _seq("old", 4, prio=3, idx=0)
     new = _seq("new", 4, prio=0, idx=1)
+    old.status = new.status = Status.WAITING
+    old.waiting_since = new.waiting_since = time.perf_counter()
     assert pol.key(new) < pol.key(old)
-    old.metrics.arrival_time -= 5.0  # waited 5 s: priority 3 - 5 = -2
+    old.waiting_since -= 5.0  # waited 5 s: priority 3 - 5 = -2
     assert pol.key(old) < pol.key(new)
+    old.status = Status.RUNNING  # running requests do not age
+    assert pol.key(new) < pol.key(old)
 
 
 def test_queue_full_is_refused():

@@ -46,6 +46,7 @@ class Sequence:
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission
     num_preemptions: int = 0
     tier: int = 0  # memory-pool length tier
+    waiting_since: float = 0.0  # when it last entered the waiting queue (for aging)
     swap_slots: list[int] = field(default_factory=list)  # parked KV blocks while swapped out
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
 

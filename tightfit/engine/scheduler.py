@@ -28,16 +28,17 @@ class FCFSPolicy:
 
 
 class PriorityPolicy:
-    """Lower `priority` value first, then arrival; waiting improves priority by one level per
-    `aging_s` seconds (0 disables aging)."""
+    """Lower `priority` value first, then arrival; each `aging_s` seconds spent waiting
+    improves a waiting request's priority by one level (0 disables aging). Running requests
+    keep their own priority, so aging never shields low-priority work from preemption."""
 
     def __init__(self, aging_s: float = 0.0) -> None:
         self.aging_s = aging_s
 
     def key(self, seq: Sequence) -> tuple:
         prio = seq.priority
-        if self.aging_s > 0:
-            prio -= int((time.perf_counter() - seq.metrics.arrival_time) / self.aging_s)
+        if self.aging_s > 0 and seq.status is Status.WAITING:
+            prio -= int((time.perf_counter() - seq.waiting_since) / self.aging_s)
         return (prio, seq.arrival_index)
 
 
@@ -88,6 +89,7 @@ class Scheduler:
         seq.tier = self.memory.tier_for(min(seq.num_prompt_tokens + seq.params.max_tokens,
                                             self.cfg.max_model_len))
         seq.status = Status.WAITING
+        seq.waiting_since = time.perf_counter()
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
@@ -167,6 +169,7 @@ class Scheduler:
         seq.block_table = []
         seq.num_preemptions += 1
         seq.status = Status.WAITING
+        seq.waiting_since = time.perf_counter()
         self.running.remove(seq)
         self.waiting.append(seq)
         self.num_preemptions += 1
