@@ -1,10 +1,10 @@
 # Two entry points for a fresh machine (see README):
-#   make run   - set everything up, then chat with the embedded default model
+#   make run   - set everything up, then serve the embedded default model (OpenAI API)
 #   make test  - set everything up, then run the whole test suite
 PY := .venv/bin/python
 STAMP := .venv/.tightfit-installed
 
-.PHONY: setup run serve test bench clean
+.PHONY: setup run chat test bench clean
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml scripts/setup.sh
 setup: $(STAMP)
 
 run: setup
-	.venv/bin/tightfit chat
+	.venv/bin/tightfit serve
 
 test: setup
 	$(PY) -m pytest -q
@@ -23,3 +23,6 @@ bench: setup
 
 clean:
 	rm -rf .venv build *.egg-info
+
+chat: setup
+	.venv/bin/tightfit chat

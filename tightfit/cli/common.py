@@ -21,6 +21,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="longest prompt + output in tokens (default: 2048)")
     g.add_argument("--kv-cache-memory", default="256MiB",
                    help="memory for the paged KV cache, e.g. 256MiB (default: 256MiB)")
+    g.add_argument("--memory-budget", default=None,
+                   help="hard memory budget for the whole process, e.g. 1.5GiB: weights, "
+                        "runtime and activations are measured/estimated and the KV pool gets "
+                        "the rest (overrides --kv-cache-memory); refused if the model cannot fit")
+    g.add_argument("--kv-dtype", choices=("fp32", "int8"), default="fp32",
+                   help="KV cache storage: fp32, or int8 with per-token, per-head scales "
+                        "(~3.8x more tokens in the same memory; default: fp32)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
@@ -38,7 +45,9 @@ def build_llm(args: argparse.Namespace, **extra: Any) -> Any:
     from tightfit import LLM
 
     return LLM(model=args.model, quant=args.quant, num_threads=args.threads,
-               max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory, **extra)
+               max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory,
+               kv_dtype=getattr(args, "kv_dtype", "fp32"),
+               memory_budget=getattr(args, "memory_budget", None), **extra)
 
 
 def sampling_from_args(args: argparse.Namespace) -> Any:
