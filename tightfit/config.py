@@ -102,6 +102,7 @@ class CacheConfig:
     tiers: tuple[tuple[str, int, float], ...] = (("short", 512, 0.5), ("long", 2048, 0.5))
     swap_bytes: int = 256 * 1024**2  # disk-backed swap area for preempted sequences; 0 = off
     idle_ttl_s: float | None = 600.0  # cached prefixes idle this long are forgotten
+    length_grouping: bool = True  # batch decode attention by context-length bucket
     kv_dtype: str = "fp32"  # "fp32", or "int8" (per-token, per-head fp32 scales, symmetric absmax)
 
     def __post_init__(self) -> None:

@@ -3,10 +3,13 @@ block by block) and a fast path (one gather per group of sequences, then SDPA).
 
 The runner builds one AttentionMetadata per step; every layer reuses it. Sliding-window layers
 (Gemma 3) get their own masks. Does not manage blocks: that is the BlockPool's job.
+The cache is fp32 tensors or Int8KVCache (int8 codes, per-token per-head scales); attention
+always computes in fp32 on what the cache holds.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +36,71 @@ class AttentionMetadata:
     query_positions: list[list[int]] = field(default_factory=list)
     context_lens: list[int] = field(default_factory=list)
     block_tables: list[list[int]] = field(default_factory=list)
+    # Studies only: attend(attention module, q [T, H, D], k, v [T, Hkv, D]) -> [T, H, D] replaces
+    # the paged cache (no K/V written), e.g. to replay token eviction over one sequence.
+    attend: Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., D] -> (int8 codes [..., D], fp32 scales [..., 1]), symmetric absmax per row."""
+    scale = x.abs().amax(dim=-1, keepdim=True) / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # all-zero row: any scale
+    return torch.round(x / scale).clamp_(-127, 127).to(torch.int8), scale
+
+
+def dequantize_int8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return codes.to(torch.float32) * scale
+
+
+def int8_round_trip(x: torch.Tensor) -> torch.Tensor:
+    """What an int8 cache returns for x: used where attention reads new K/V without the cache."""
+    return dequantize_int8(*quantize_int8(x))
+
+
+class Int8KVCache:
+    """An int8 K or V cache that stands where the fp32 cache tensor would: writes
+    (`index_copy_`, item assignment) quantise, reads (indexing) return dequantised fp32, so the
+    paged paths and whole-block copies need no int8 branch. Scales: one fp32 per (token, head)."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor) -> None:
+        self.codes = codes  # int8 [..., Hkv, D]
+        self.scale = scale  # fp32 [..., Hkv, 1]
+
+    @classmethod
+    def empty(cls, shape: tuple[int, ...]) -> "Int8KVCache":
+        return cls(torch.empty(shape, dtype=torch.int8), torch.empty(*shape[:-1], 1))
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.nbytes + self.scale.nbytes
+
+    def view(self, *shape: int) -> "Int8KVCache":
+        """A view with a new leading layout; the last (head_dim) axis must stay."""
+        return Int8KVCache(self.codes.view(*shape), self.scale.view(*shape[:-1], 1))
+
+    def __getitem__(self, index: object) -> torch.Tensor:
+        return dequantize_int8(self.codes[index], self.scale[index])
+
+    def __setitem__(self, index: object, value: torch.Tensor) -> None:
+        self.codes[index], self.scale[index] = quantize_int8(value)
+
+    def index_copy_(self, dim: int, index: torch.Tensor, source: torch.Tensor) -> "Int8KVCache":
+        codes, scale = quantize_int8(source)
+        self.codes.index_copy_(dim, index, codes)
+        self.scale.index_copy_(dim, index, scale)
+        return self
+
+
+def make_kv_cache(shape: tuple[int, ...], kv_dtype: str = "fp32") -> torch.Tensor | Int8KVCache:
+    """One layer's K (or V) cache [num_blocks, block_size, Hkv, D], uninitialised."""
+    if kv_dtype == "int8":
+        return Int8KVCache.empty(shape)
+    assert kv_dtype == "fp32", kv_dtype
+    return torch.empty(shape)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -47,6 +115,8 @@ def fast_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: t
                    sliding: bool) -> torch.Tensor:
     """q [T, H, D]; k, v [T, Hkv, D] (already written to the cache). Returns [T, H, D]."""
     out = torch.empty_like(q)
+    if isinstance(k_cache, Int8KVCache):  # new K/V read directly must equal what the cache holds
+        k, v = int8_round_trip(k), int8_round_trip(v)
     for g in meta.groups:
         s, n = g.token_start, g.batch * g.q_len
         qg = q[s:s + n].view(g.batch, g.q_len, *q.shape[1:]).transpose(1, 2)

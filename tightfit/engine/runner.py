@@ -43,6 +43,9 @@ class ModelRunner:
         self.kv_caches = [(make_kv_cache(shape, kv_dtype), make_kv_cache(shape, kv_dtype))
                           for _ in range(cfg.num_layers)]
         self._offsets = torch.arange(cache.block_size)
+        self.length_grouping = cache.length_grouping
+        self.kv_slots_useful = 0  # K/V slots attended that belong to the sequence
+        self.kv_slots_padded = 0  # ... including padding up to the group's longest context
         self.block_bytes = cache.kv_bytes_per_token(cfg) * cache.block_size
         self._swap: SwapSpace | None = None
         self._swap_bytes = cache.swap_bytes
@@ -55,6 +58,22 @@ class ModelRunner:
 
     def _window(self) -> int | None:
         return self.cfg.sliding_window if self.cfg.has_sliding_layers else None
+
+    def _length_buckets(self, decodes: list[ScheduledSeq]) -> list[list[ScheduledSeq]]:
+        """Decodes share one padded attention call per bucket. With length grouping, sequences
+        are sorted by context length and a new bucket starts where padding to the bucket's
+        longest context would more than double a member's work (one long request among short
+        ones would otherwise make every short one attend over its length)."""
+        if not self.length_grouping or len(decodes) < 2:
+            return [decodes] if decodes else []
+        items = sorted(decodes, key=lambda s: s.start)
+        buckets: list[list[ScheduledSeq]] = [[items[0]]]
+        for s in items[1:]:
+            if s.start + 1 > 2 * (buckets[-1][0].start + 1) + self.block_size:
+                buckets.append([s])
+            else:
+                buckets[-1].append(s)
+        return buckets
 
     def _decode_group(self, items: list[ScheduledSeq], token_start: int) -> AttentionGroup:
         ctx = [s.start + 1 for s in items]
@@ -92,6 +111,8 @@ class ModelRunner:
     def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata,
                                                      list[ScheduledSeq]]:
         decodes = [s for s in out.scheduled if s.num_new_tokens == 1]
+        buckets = self._length_buckets(decodes)
+        decodes = [s for b in buckets for s in b]
         prefills = [s for s in out.scheduled if s.num_new_tokens > 1]
         ordered = decodes + prefills
         ids: list[int] = []
@@ -109,7 +130,13 @@ class ModelRunner:
             slots.append(self._slots(s.seq.block_table, s.start, end))
         meta.slot_mapping = torch.cat(slots)
         if decodes:
-            meta.groups.append(self._decode_group(decodes, 0))
+            start = 0
+            for bucket in buckets:
+                meta.groups.append(self._decode_group(bucket, start))
+                start += len(bucket)
+                ctx = [s.start + 1 for s in bucket]
+                self.kv_slots_useful += sum(ctx)
+                self.kv_slots_padded += len(bucket) * max(ctx)
         for s in prefills:
             meta.groups.append(self._prefill_group(s, meta.query_starts[ordered.index(s)]))
         return torch.tensor(ids), torch.tensor(pos), meta, ordered

@@ -77,6 +77,8 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(q, positions), self.rotary(k, positions)
+        if meta.attend is not None:  # a study's own attention over this layer's q, k, v
+            return self.o(meta.attend(self, q, k, v).reshape(t, -1))
         k_cache, v_cache = kv  # [num_blocks, block_size, Hkv, D]
         flat_k, flat_v = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
         write_kv(flat_k, flat_v, k, v, meta.slot_mapping)

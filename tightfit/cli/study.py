@@ -1,0 +1,141 @@
+"""`tightfit study`: the brief's ch. 3 measurements as runnable studies, one sub-command each
+(today: `kv-compression`). A thin shell over tightfit.studies; no torch import at module level.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from tightfit.cli.common import add_model_args, build_llm
+from tightfit.errors import TightfitError
+
+POLICY_NAMES = ("sink-recent", "heavy-hitter")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("study", help="run a measurement study from the brief (ch. 3)",
+                       description="Runnable studies of the brief's decay paths.")
+    studies = p.add_subparsers(dest="study", metavar="STUDY")
+    _register_kv(studies)
+    p.set_defaults(func=run, study_parser=p)
+
+
+def _register_kv(studies: argparse._SubParsersAction) -> None:
+    k = studies.add_parser(
+        "kv-compression", help="perplexity, top-1 agreement, KV bytes and latency vs retention",
+        description="Scores the fixed perplexity protocol with a KV cache that keeps only a "
+                    "fraction r of each sequence's tokens (eviction policy), optionally stored "
+                    "as int8, against the uncompressed fp32 cache; times decode steps per r.")
+    add_model_args(k)  # --kv-dtype here = the compressed cache's storage (baseline stays fp32)
+    k.add_argument("--windows", type=int, default=2, help="protocol windows (default: 2)")
+    k.add_argument("--window-tokens", type=int, default=512,
+                   help="tokens per window (default: 512, the protocol's)")
+    k.add_argument("--ratios", default=None,
+                   help="comma-separated retention ratios in (0, 1] (default: 0.1,0.2,...,0.9)")
+    k.add_argument("--step", type=float, default=None,
+                   help="ratio grid 0.1..0.9 with this step (the brief sweeps 0.05)")
+    k.add_argument("--policy", default=",".join(POLICY_NAMES),
+                   help="comma-separated: sink-recent, heavy-hitter, or none (no eviction "
+                        "rows: with --kv-dtype int8, int8 alone) (default: both)")
+    k.add_argument("--sinks", type=int, default=4, help="sink tokens (default: 4)")
+    k.add_argument("--recent-frac", type=float, default=0.5,
+                   help="heavy-hitter: share of the budget for recent tokens (default: 0.5)")
+    k.add_argument("--latency-context", type=int, default=512,
+                   help="context length of the timed decode steps; 0 = skip (default: 512)")
+    k.add_argument("--latency-repeats", type=int, default=10,
+                   help="timed decode steps per row, median reported (default: 10)")
+    k.add_argument("--json", action="store_true", help="print one JSON object")
+    k.set_defaults(func=run)
+
+
+def parse_ratios(text: str | None, step: float | None) -> list[float] | None:
+    from tightfit.engine.kv_compress import check_ratio
+    from tightfit.studies.kv_compression import ratio_grid
+
+    if text is None:
+        return ratio_grid(step) if step is not None else None
+    out = []
+    for part in text.split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            raise TightfitError(f"cannot read retention ratio {part!r}: use e.g. 0.1,0.5"
+                                ) from None
+        out.append(check_ratio(value))
+    return out
+
+
+def parse_policies(text: str) -> list[str]:
+    """Comma-separated policy names; "none" = no eviction rows (e.g. int8 alone)."""
+    names = [p.strip() for p in text.split(",") if p.strip() and p.strip() != "none"]
+    for n in names:
+        if n not in POLICY_NAMES:
+            raise TightfitError(f"unknown eviction policy {n!r}: use {', '.join(POLICY_NAMES)}")
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "study", None) is None:
+        args.study_parser.print_help()
+        return 2
+    ratios = parse_ratios(args.ratios, args.step)  # validate before the (slow) model load
+    policies = parse_policies(args.policy)
+    from rich.console import Console
+
+    from tightfit.studies.kv_compression import largest_jumps, run_kv_study
+
+    llm = build_llm(argparse.Namespace(**{**vars(args), "kv_dtype": "fp32"}))
+    console = Console(stderr=True, quiet=args.json)
+    result = run_kv_study(llm, ratios, policies, args.windows, args.window_tokens,
+                          args.kv_dtype, args.sinks, args.recent_frac, args.latency_context,
+                          args.latency_repeats, progress=lambda m: console.log(m))
+    jumps = largest_jumps(result)
+    if args.json:
+        print(json.dumps({**result.to_dict(), "largest_jumps": jumps, "quant": args.quant}))
+    else:
+        _print_table(result, jumps)
+    return 0
+
+
+def _print_table(result: Any, jumps: dict[str, dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    base = result.rows[0].perplexity
+    t = Table(title=f"KV compression: {result.model}, {result.windows} x "
+                    f"{result.window_tokens} tokens (baseline = fp32 cache, nothing evicted)")
+    for col in ("policy", "r", "KV", "ppl", "d ppl", "top-1 agree", "kept", "KV B/token",
+                "KV/window", "decode ms", "attn ms", "evict ms"):
+        t.add_column(col, justify="left" if col in ("policy", "KV") else "right")
+    for r in result.rows:
+        t.add_row(r.policy, f"{r.ratio:g}", r.kv_dtype, f"{r.perplexity:.3f}",
+                  f"{(r.perplexity / base - 1) * 100:+.2f}%", f"{r.top1_agreement:.1%}",
+                  f"{r.occupancy:.3f}", f"{r.kv_bytes_per_token:,.0f}",
+                  f"{r.kv_bytes_at_end / 1024:,.0f} KiB", _ms(r.decode_ms), _ms(r.attention_ms),
+                  _ms(r.evict_ms))
+    console = Console(width=None if sys.stdout.isatty() else 160)  # files: no wrapped cells
+    console.print(t)
+    b = result.bytes_per_token
+    console.print(f"baseline perplexity {base:.4f}; the engine's own scoring of the same windows "
+                  f"(fp32 cache): {result.protocol_perplexity:.4f}")
+    console.print(f"bytes per cached token: fp32 {b['fp32']:,}, "
+                  f"int8 {b['int8']:,} ({b['fp32'] / b['int8']:.2f}x smaller)")
+    if result.latency_noise is not None:
+        console.print(f"latency at context {result.latency_context}: noise floor (median "
+                      f"interquartile range of a row's decode steps) {result.latency_noise:.1%}")
+    for name, j in jumps.items():
+        line = f"{name}: largest perplexity step r={j['ppl_step'][0]:g}->{j['ppl_step'][1]:g} " \
+               f"({j['ppl_rise']:+.1%})"
+        if "latency_step" in j and j["latency_rise"] > 0:
+            line += f"; largest per-token latency step r={j['latency_step'][0]:g}->" \
+                    f"{j['latency_step'][1]:g} ({j['latency_rise']:+.1%}, " \
+                    f"{'beyond' if j['beyond_noise'] else 'within'} 2x the noise floor)"
+        elif "latency_step" in j:
+            line += "; per-token latency never rose as r fell"
+        console.print(line)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
