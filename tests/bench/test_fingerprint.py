@@ -1,0 +1,41 @@
+"""Hardware fingerprint: fields present, micro-benchmarks cached per machine and re-measured only
+when the machine is quieter than when they were cached (keeping the better figure)."""
+from __future__ import annotations
+
+from tightfit.bench import fingerprint as fp
+
+
+def test_machine_fields(monkeypatch, tmp_path):
+    monkeypatch.setenv("TIGHTFIT_CACHE", str(tmp_path))
+    m = fp.machine()
+    assert m["cpu_threads_logical"] >= 1 and m["memory_total_gib"] > 0
+    assert m["memory_bandwidth_gbps"] > 0 and m["matmul_gflops"] > 0
+    assert m["kind"] == "cpu" and isinstance(m["cpu_flags"], list)
+    assert list(tmp_path.glob("fingerprint-*.json"))
+    sw = fp.software()
+    assert sw["numpy"] and sw["tightfit"] and "llama_cpp_python" in sw
+
+
+def test_microbench_cache_policy(monkeypatch, tmp_path):
+    path = tmp_path / "fp.json"
+    figures = iter([(10.0, 100.0), (20.0, 50.0), (99.0, 99.0)])
+    calls = []
+
+    def bw():
+        calls.append("bw")
+        return current[0]
+
+    monkeypatch.setattr(fp, "measure_bandwidth_gbps", bw)
+    monkeypatch.setattr(fp, "measure_matmul_gflops", lambda: current[1])
+    loads = iter([5.0, 4.8, 3.0])
+    monkeypatch.setattr(fp, "load_avg_1m", lambda: next(loads))
+
+    current = next(figures)
+    first = fp._microbench(path, refresh=False)  # measured at load 5.0
+    assert (first["memory_bandwidth_gbps"], first["matmul_gflops"]) == (10.0, 100.0)
+    current = next(figures)
+    again = fp._microbench(path, refresh=False)  # load 4.8: not quieter by 0.5, cached
+    assert again == first and len(calls) == 1
+    quiet = fp._microbench(path, refresh=False)  # load 3.0: quieter, re-measured, best kept
+    assert (quiet["memory_bandwidth_gbps"], quiet["matmul_gflops"]) == (20.0, 100.0)
+    assert quiet["microbench_load_avg_1m"] == 3.0 and len(calls) == 2

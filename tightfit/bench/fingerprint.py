@@ -1,0 +1,183 @@
+"""Hardware and software fingerprint recorded with every run: CPU model and flags, cores, memory,
+measured copy bandwidth and fp32 matmul rate (short numpy micro-benchmarks, cached per machine in
+`~/.cache/tightfit/fingerprint-<machine_id>.json`), GPU through NVML when present, library
+versions, and the load average (contention) at the time of the run.
+
+The micro-benchmarks measure what numpy sees with all cores; under contention they read low, so
+the load average at the time they ran is kept next to them (`--refresh-fingerprint` re-measures).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+# ISA features that decide which kernels run fast (x86 and Arm spellings).
+FLAGS_OF_INTEREST = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni",
+                     "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "neon", "asimd",
+                     "asimddp", "sve", "i8mm", "bf16")
+LIBRARIES = {"torch": "torch", "transformers": "transformers", "numpy": "numpy",
+             "llama_cpp_python": "llama-cpp-python"}
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("TIGHTFIT_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "tightfit"
+
+
+def cpu_model_and_flags() -> tuple[str | None, list[str]]:
+    model, flags = None, set()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or None, []
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        name = name.strip().lower()
+        if name in ("model name", "hardware", "cpu model") and model is None:
+            model = value.strip()
+        elif name in ("flags", "features"):
+            flags.update(value.split())
+    return model, sorted(f for f in flags if f in FLAGS_OF_INTEREST)
+
+
+def logical_cpus() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def machine_id(cpu_model: str | None, cores: int | None, mem_bytes: int) -> str:
+    raw = f"{cpu_model}|{cores}|{logical_cpus()}|{round(mem_bytes / 2**30)}|{platform.node()}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:12]
+
+
+def load_avg_1m() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def measure_bandwidth_gbps(mib: int = 256, repeats: int = 5) -> float:
+    """Best-of copy rate of a `mib` MiB float32 array, counting read + write bytes."""
+    import numpy as np
+
+    src = np.ones(mib * 2**20 // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(repeats))
+    return round(2 * src.nbytes / best / 1e9, 2)
+
+
+def measure_matmul_gflops(n: int = 1024, repeats: int = 3) -> float:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    a @ b  # first call pays thread start-up
+    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    return round(2 * n**3 / best / 1e9, 1)
+
+
+def _timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def gpu_info() -> tuple[str | None, float | None, int]:
+    """(name, memory GiB, count) of NVML GPU 0; (None, None, 0) without NVML or a GPU."""
+    try:
+        import pynvml
+    except ImportError:
+        return None, None, 0
+    try:
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        if not count:
+            return None, None, 0
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        name = pynvml.nvmlDeviceGetName(handle)
+        mem = pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30
+        return (name.decode() if isinstance(name, bytes) else name), round(mem, 2), count
+    except Exception:  # NVML present but no driver/GPU: report none, never fail a run over it
+        return None, None, 0
+
+
+def machine(refresh: bool = False) -> dict[str, Any]:
+    """Machine-level fields (cached micro-benchmarks); per-run fields are added by `for_run`."""
+    model, flags = cpu_model_and_flags()
+    cores = psutil.cpu_count(logical=False)
+    mem = psutil.virtual_memory().total
+    mid = machine_id(model, cores, mem)
+    bench = _microbench(cache_dir() / f"fingerprint-{mid}.json", refresh)
+    gpu_name, gpu_mem, gpu_count = gpu_info()
+    return dict(machine_id=mid, kind="cpu", cpu_model=model, cpu_flags=flags,
+                cpu_cores_physical=cores, cpu_threads_logical=logical_cpus(),
+                memory_total_gib=round(mem / 2**30, 2), **bench, gpu_name=gpu_name,
+                gpu_memory_gib=gpu_mem, gpu_count=gpu_count,
+                os=f"{platform.system()} {platform.release()}")
+
+
+def _microbench(path: Path, refresh: bool) -> dict[str, Any]:
+    """Cached micro-benchmark results. They measure peak capability, so contention only lowers
+    them: when the machine is quieter now than when they were cached (load average lower by
+    >= 0.5), measure again and keep the better figure of each."""
+    cached = json.loads(path.read_text()) if path.exists() else None
+    load = load_avg_1m()
+    quieter = cached is not None and load is not None and \
+        load <= (cached.get("microbench_load_avg_1m") or 0.0) - 0.5
+    if cached is not None and not refresh and not quieter:
+        return cached
+    fresh = {"memory_bandwidth_gbps": measure_bandwidth_gbps(),
+             "matmul_gflops": measure_matmul_gflops(), "microbench_load_avg_1m": load}
+    if cached is not None and not refresh:
+        for k in ("memory_bandwidth_gbps", "matmul_gflops"):
+            fresh[k] = max(fresh[k], cached.get(k) or 0.0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(fresh))
+    return fresh
+
+
+def for_run(base: dict[str, Any], threads: int, load_avg: float | None,
+            other_cores: float | None) -> dict[str, Any]:
+    return {**base, "threads_used": threads, "load_avg_1m": load_avg,
+            "other_cpu_cores_mean": None if other_cores is None else round(other_cores, 3)}
+
+
+def git_commit() -> str | None:
+    """The checkout's commit (+dirty with local changes), or None outside a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+                              capture_output=True, text=True, timeout=10, check=True).stdout
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "tightfit"],
+                               capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.strip() + ("+dirty" if dirty.strip() else "")
+
+
+def software() -> dict[str, Any]:
+    from tightfit import __version__
+
+    out: dict[str, Any] = {"python": platform.python_version(), "tightfit": __version__,
+                           "tightfit_commit": git_commit()}
+    for field, dist in LIBRARIES.items():
+        try:
+            out[field] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[field] = None
+    return out
