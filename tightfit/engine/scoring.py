@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -49,7 +49,8 @@ def window_logits(llm: Any, ids: Sequence[int]) -> torch.Tensor:
     seq.block_table = eng.pool.allocate(eng.pool.blocks_needed(len(ids)))
     try:
         runner = eng.runner
-        input_ids, positions, meta, _ = runner.prepare(SchedulerOutput([ScheduledSeq(seq, len(ids), 0)]))
+        step = SchedulerOutput([ScheduledSeq(seq, len(ids), 0)])
+        input_ids, positions, meta, _ = runner.prepare(step)
         with torch.inference_mode():
             return llm.loaded.model(input_ids, positions, meta, runner.kv_caches,
                                     torch.arange(len(ids)), runner.attention)
@@ -90,3 +91,60 @@ def corpus_windows(tokenizer: Any, windows: int = DEFAULT_WINDOWS,
 def perplexity(nll: torch.Tensor) -> float:
     """exp(mean NLL) over all predicted tokens."""
     return math.exp(float(nll.to(torch.float64).mean()))
+
+
+@dataclass(frozen=True)
+class FormatResult:
+    """One weight format on the protocol. top1_agreement: share of positions whose argmax equals
+    the fp32 model's (1.0 for fp32 itself)."""
+
+    quant: str
+    perplexity: float
+    top1_agreement: float
+    tokens: int
+    load_s: float
+    eval_s: float
+
+    def delta_pct(self, reference: float) -> float:
+        return 100.0 * (self.perplexity / reference - 1.0)
+
+
+def compare_formats(model: str | None, quants: Sequence[str], windows: int = DEFAULT_WINDOWS,
+                    num_threads: int | None = None,
+                    on_result: Callable[[FormatResult], None] | None = None
+                    ) -> list[FormatResult]:
+    """fp32 first (the reference for top-1 agreement), then each of `quants`, one model in
+    memory at a time. A quant ending in `.tfq` names a quantised file (of the same model) to
+    load instead. `on_result` sees each result as soon as it is measured."""
+    import time
+
+    from tightfit import LLM
+
+    reference_top1: list[torch.Tensor] = []
+    results: list[FormatResult] = []
+    order = ["fp32"] + [q for q in quants if q != "fp32"]
+    tokens_of: list[list[int]] | None = None
+    for quant in order:
+        t0 = time.perf_counter()
+        if quant.endswith(".tfq"):  # a file written by `tightfit quantize`: it is the model
+            llm = LLM(quant, num_threads=num_threads)
+        else:
+            llm = LLM(model, quant=quant, num_threads=num_threads)
+        load_s = time.perf_counter() - t0
+        tokens_of = tokens_of or corpus_windows(llm.tokenizer, windows)
+        nll, agree = [], 0
+        t0 = time.perf_counter()
+        for i, ids in enumerate(tokens_of):
+            scores = score_tokens(llm, ids)
+            nll.append(scores.nll)
+            if quant == "fp32":
+                reference_top1.append(scores.top1)
+            agree += int((scores.top1 == reference_top1[i]).sum())
+        all_nll = torch.cat(nll)
+        result = FormatResult(quant, perplexity(all_nll), agree / all_nll.numel(),
+                              all_nll.numel(), load_s, time.perf_counter() - t0)
+        results.append(result)
+        if on_result:
+            on_result(result)
+        del llm
+    return results

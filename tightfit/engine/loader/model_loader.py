@@ -33,6 +33,11 @@ def load_model(model: str | Path | None = None, quant: str | Path = "fp32") -> L
     t0 = time.perf_counter()
     plan = PrecisionPlan.parse(quant)  # validate the name before the slow part
     path = resolve_model(model)
+    if path.suffix == ".tfq":  # written by `tightfit quantize`: already in its final formats
+        from tightfit.engine.loader.quantized import load_quantized
+
+        net, cfg, tokenizer, fmt = load_quantized(path, quant)
+        return LoadedModel(net.eval(), cfg, tokenizer, path, fmt, time.perf_counter() - t0)
     if path.is_dir():
         cfg = config_from_hf(read_hf_config(path))
         weights = load_hf_weights(path, cfg)

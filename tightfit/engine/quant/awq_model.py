@@ -1,0 +1,662 @@
+"""Builds a DecoderModel whose `int4-awq-*` projections were scaled by an activation-aware search
+(AWQ) on calibration text, layer by layer; every other projection follows the precision plan.
+
+Per layer: run the fp32 layer on the calibration hidden states and capture the inputs of each
+linear group (q/k/v: attention-norm output; o: attention output; gate/up: FFN-norm output; down:
+act(gate) * up); search scales s for the groups holding AWQ projections; fold 1/s upstream
+(q/k/v -> attention norm, gate/up -> FFN norm, down -> rows of up, o -> rows of v when every query
+head has its own KV head) or, where no exact fold exists (o under GQA, an upstream op kept
+`native`), divide the input by s at run time (Int4Linear's input_scale); search each weight
+group's quantisation range (all but q/k; asymmetric `gram_search_range` by default); quantise
+per the plan; then push the calibration states through the QUANTISED layer, so later layers are
+calibrated on the activations they will really see. The output head gets the same scaling
+(folded into the final norm; searched on a seeded subset of vocabulary rows) but no range
+search: on a 49k-262k-row head it would cost minutes.
+
+Calibration (default 64 sequences x 512 tokens, seeded): non-overlapping windows of the
+`pydoc_data.topics` corpus drawn from AFTER the perplexity protocol's evaluation windows
+(scoring.py), so calibration never sees the text perplexity is measured on. Memory: one layer's
+fp32 weights plus the captured inputs (~0.5 GB at the default size) at a time. ~12 minutes on
+the default model with one busy core; the results (scales, ranges) are cached under
+~/.cache/tightfit/awq/ (or $TIGHTFIT_CACHE_DIR/awq/), keyed by a hash of the weights, the plan
+and the calibration settings, and a cached build only folds, clips and quantises (seconds).
+Limits: a group mixing AWQ group sizes searches with its first member's group size.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from tightfit.config import ModelConfig
+from tightfit.engine.attention import AttentionGroup, AttentionMetadata
+from tightfit.engine.models.layers import RMSNorm, Rotary
+from tightfit.engine.models.transformer import DecoderLayer, DecoderModel, dense_factory
+from tightfit.engine.quant.awq import (
+    AWQScaleResult, activation_mean_abs, apply_clip, scales_for_alpha, search_clip)
+from tightfit.engine.quant.formats import WeightFormat, padded_in_features
+from tightfit.engine.quant.linear import Int4Linear, Int8Linear
+from tightfit.engine.quant.plan import PlanLinearFactory, PrecisionPlan, SplitLinear
+from tightfit.engine.quant.reference import (
+    INT4_LEVELS, fake_quantize_int4, pad_columns, quantize_int4, quantize_int8)
+from tightfit.errors import TightfitError
+
+log = logging.getLogger("tightfit.awq")
+
+# Bump when the search or its folding changes, so stale cache files are not reused.
+CACHE_VERSION = 2
+# Sequences per forward chunk during calibration: bounds the attention scores and MLP temporaries.
+_CHUNK_SEQUENCES = 8
+# Output-head search: a seeded subset of vocabulary rows and tokens keeps it to seconds.
+_HEAD_SEARCH_ROWS = 4096
+_HEAD_SEARCH_TOKENS = 1024
+# Tokens for the symmetric per-group clip search (the paper's setting is of this order).
+_CLIP_TOKENS = 512
+_ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
+_NO_CLIP = ("q_proj", "k_proj")  # their error is amplified by the softmax (AWQ paper)
+_CLIP_METHODS = ("range", "symmetric", "none")
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """sequences x tokens calibration windows, drawn with `seed`; `search_tokens` per scale-search
+    loss; `n_grid` + 1 exponents alpha tried. `clip`: per-group range search after scaling:
+    "range" (asymmetric, `gram_search_range`), "symmetric" (awq.search_clip, the paper's) or
+    "none"."""
+
+    sequences: int = 64
+    tokens: int = 512
+    seed: int = 0
+    search_tokens: int = 4096
+    n_grid: int = 20
+    clip: str = "range"
+
+    def __post_init__(self) -> None:
+        if self.sequences < 1 or self.tokens < 2 or self.search_tokens < 1 or self.n_grid < 1:
+            raise TightfitError(f"invalid AWQ calibration settings {self}")
+        if self.clip not in _CLIP_METHODS:
+            raise TightfitError(f"unknown AWQ clip method {self.clip!r}; valid: "
+                                f"{', '.join(_CLIP_METHODS)}")
+
+
+DEFAULT_CALIBRATION = CalibrationSettings()
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Projections sharing one input, where the input is captured, and what feeds it."""
+
+    key: str  # "qkv" | "o" | "gate_up" | "down"
+    members: tuple[str, ...]
+    hook: str  # DecoderLayer submodule whose input is captured
+    upstream: str  # HF name of the norm weight, or the projection whose rows feed the input
+
+
+def _groups(cfg: ModelConfig) -> tuple[_Group, ...]:
+    ffn_norm = "pre_feedforward_layernorm" if cfg.sandwich_norm else "post_attention_layernorm"
+    return (_Group("qkv", ("q_proj", "k_proj", "v_proj"), "attn.qkv", "input_layernorm"),
+            _Group("o", ("o_proj",), "attn.o", "v_proj"),
+            _Group("gate_up", ("gate_proj", "up_proj"), "mlp.gate_up", ffn_norm),
+            _Group("down", ("down_proj",), "mlp.down", "up_proj"))
+
+
+def _wname(layer: int, proj: str, kind: str = "weight") -> str:
+    return f"layers.{layer}.{'self_attn' if proj in _ATTN_PROJ else 'mlp'}.{proj}.{kind}"
+
+
+def _dense(w: Any) -> torch.Tensor:
+    return w if isinstance(w, torch.Tensor) else w.dequantize()
+
+
+@dataclass
+class _LayerWeights:
+    """One layer's tensors as popped (fp32 or NativeTensor); folded/clipped ones become fp32.
+    `runtime`: projection name -> scales divided out of the input at run time."""
+
+    index: int
+    tensors: dict[str, Any]
+    runtime: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def current(self, name: str) -> torch.Tensor:
+        return _dense(self.tensors[name])
+
+    def proj_name(self, proj: str) -> str:
+        return f"layers.{self.index}.{proj}"
+
+
+# -- public entry point ----------------------------------------------------------------------
+
+def build_awq_model(cfg: ModelConfig, weights: dict[str, Any], plan: PrecisionPlan,
+                    tokenizer: Any, settings: CalibrationSettings | None = None) -> DecoderModel:
+    """The model for `plan` with AWQ applied to its int4-awq projections (see the module doc).
+
+    `weights` is consumed (popped) like DecoderModel does. Uses the cached search for these
+    weights/plan/settings when present, else calibrates (minutes on the default model) and
+    writes the cache.
+    """
+    settings = settings or DEFAULT_CALIBRATION
+    key = _cache_key(weights, plan, settings)
+    path = _cache_path(key, plan)
+    cached = _read_cache(path, key)
+    t0 = time.perf_counter()
+    if cached is None:
+        log.info("AWQ calibration: %d x %d tokens, cache %s", settings.sequences,
+                 settings.tokens, path)
+        model, found = _Builder(cfg, weights, plan, settings, tokenizer).build()
+        elapsed = time.perf_counter() - t0
+        _write_cache(path, {"key": key, "search": found, "seconds": elapsed})
+        log.info("AWQ calibration took %.1f s", elapsed)
+    else:
+        model, _ = _Builder(cfg, weights, plan, settings, None, cached["search"]).build()
+        log.info("AWQ from cache %s in %.1f s", path, time.perf_counter() - t0)
+    return model
+
+
+# -- the layer-by-layer builder ---------------------------------------------------------------
+
+class _Builder:
+    """Calibrates (tokenizer given) or replays a cached search (`search` given)."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, Any], plan: PrecisionPlan,
+                 settings: CalibrationSettings, tokenizer: Any,
+                 search: dict[str, Any] | None = None) -> None:
+        self.cfg, self.weights, self.plan, self.settings = cfg, weights, plan, settings
+        self.tokenizer = tokenizer
+        self.search: dict[str, Any] = search if search is not None else {"layers": []}
+        self.calibrating = search is None
+        self.prebuilt: dict[tuple[str, ...], nn.Module] = {}
+        self.final: dict[str, Any] = {}
+
+    def build(self) -> tuple[DecoderModel, dict[str, Any]]:
+        embed = self.weights.pop("embed_tokens.weight")
+        self.final["embed_tokens.weight"] = embed
+        hidden = self._embed_calibration(embed) if self.calibrating else None
+        ropes = _ropes(self.cfg, self.settings.tokens)
+        for i in range(self.cfg.num_layers):
+            hidden = self._layer(i, hidden, ropes[self.cfg.is_sliding(i)])
+        self._head(embed, hidden)
+        model = DecoderModel(self.cfg, self.final, _Prebuilt(self.prebuilt))
+        return model, self.search
+
+    # -- calibration input
+
+    def _embed_calibration(self, embed: Any) -> list[torch.Tensor]:
+        ids = calibration_ids(self.tokenizer, self.settings)
+        if isinstance(embed, torch.Tensor):
+            table: nn.Module = nn.Embedding.from_pretrained(embed)
+        else:
+            from tightfit.engine.quant.embedding import QuantizedEmbedding
+
+            table = QuantizedEmbedding(embed)
+        chunks = []
+        with torch.inference_mode():
+            for c in ids.split(_CHUNK_SEQUENCES):
+                x = table(c.reshape(-1))
+                if self.cfg.embed_scale != 1.0:  # as DecoderModel.forward scales it
+                    x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
+                chunks.append(x)
+        return chunks
+
+    # -- one layer
+
+    def _layer(self, i: int, hidden: list[torch.Tensor] | None, rope: Rotary
+               ) -> list[torch.Tensor] | None:
+        prefix = f"layers.{i}."
+        lw = _LayerWeights(i, {k: self.weights.pop(k) for k in [k for k in self.weights
+                                                               if k.startswith(prefix)]})
+        t0 = time.perf_counter()
+        if not self.calibrating:
+            self._replay_layer(lw, self.search["layers"][i])
+        elif hidden is not None and self._has_awq(i):
+            self.search["layers"].append(self._search_layer(lw, self._capture(lw, hidden, rope)))
+        else:
+            self.search["layers"].append({"scales": {}, "clip": {}})
+        layer = DecoderLayer(self.cfg, i, dict(lw.tensors), self._recording_factory(lw), rope)
+        if hidden is not None:
+            # Later layers (or the head) still calibrate: feed them this quantised layer's output.
+            needed = self._head_awq() or any(self._has_awq(j)
+                                             for j in range(i + 1, self.cfg.num_layers))
+            hidden = _run_layer(layer, hidden, self.cfg, self.settings.tokens) if needed else None
+        self._keep_non_linear(lw)
+        log.log(logging.INFO if self.calibrating else logging.DEBUG, "AWQ layer %d done in %.1f s",
+                i, time.perf_counter() - t0)
+        return hidden
+
+    def _capture(self, lw: _LayerWeights, hidden: list[torch.Tensor], rope: Rotary
+                 ) -> dict[str, torch.Tensor]:
+        """Inputs of every linear group of the fp32 layer, [tokens, in] each."""
+        fp32 = {k: _dense(v) for k, v in lw.tensors.items()}
+        layer = DecoderLayer(self.cfg, lw.index, fp32, dense_factory, rope)
+        seen: dict[str, list[torch.Tensor]] = {g.hook: [] for g in _groups(self.cfg)}
+        handles = [layer.get_submodule(h).register_forward_pre_hook(
+            lambda _m, args, h=h: seen[h].append(args[0].detach())) for h in seen]
+        try:
+            _run_layer(layer, hidden, self.cfg, self.settings.tokens)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return {h: torch.cat(xs) for h, xs in seen.items()}
+
+    def _has_awq(self, layer: int) -> bool:
+        return any(self.plan.format_for(f"layers.{layer}.{p}").awq
+                   for g in _groups(self.cfg) for p in g.members)
+
+    def _head_awq(self) -> bool:
+        return self.plan.format_for("lm_head").awq
+
+    def _awq_members(self, lw: _LayerWeights, group: _Group) -> list[str]:
+        return [m for m in group.members if self.plan.format_for(lw.proj_name(m)).awq]
+
+    def _search_layer(self, lw: _LayerWeights, inputs: dict[str, torch.Tensor]
+                      ) -> dict[str, Any]:
+        found: dict[str, Any] = {"scales": {}, "clip": {}}
+        for group in _groups(self.cfg):
+            members = self._awq_members(lw, group)
+            if not members:
+                continue
+            x = inputs[group.hook]
+            gsize = self._group_size(lw, members[0])
+            res = gram_search_scales([lw.current(_wname(lw.index, m)) for m in members], x,
+                                     gsize, n_grid=self.settings.n_grid,
+                                     max_tokens=self.settings.search_tokens,
+                                     seed=self.settings.seed + lw.index)
+            found["scales"][group.key] = res.scales
+            log.debug("layer %d %s: alpha %.2f, loss %.3g (round-to-nearest %.3g)", lw.index,
+                      group.key, res.alpha, res.loss, res.rtn_loss)
+            self._apply_scales(lw, group, res.scales)
+            for m in members:
+                if self.settings.clip == "none" or m in _NO_CLIP:
+                    continue
+                name = _wname(lw.index, m)
+                found["clip"][m] = self._search_clip(lw.current(name), x / res.scales,
+                                                     self._group_size(lw, m), lw.index)
+                self._apply_clip(lw, m, found["clip"][m])
+        return found
+
+    def _search_clip(self, w: torch.Tensor, x: torch.Tensor, group_size: int, layer: int
+                     ) -> torch.Tensor:
+        seed = self.settings.seed + layer
+        if self.settings.clip == "range":
+            return gram_search_range(w, x, group_size, max_tokens=self.settings.search_tokens,
+                                     seed=seed)
+        return search_clip(w, x, group_size, max_tokens=_CLIP_TOKENS, seed=seed)
+
+    def _apply_clip(self, lw: _LayerWeights, proj: str, limits: torch.Tensor) -> None:
+        """[out, groups, 2] limits are a range search's (lo, hi); [out, groups] a symmetric max."""
+        name, size = _wname(lw.index, proj), self._group_size(lw, proj)
+        apply = apply_range if limits.dim() == 3 else apply_clip
+        lw.tensors[name] = apply(lw.current(name), limits, size)
+
+    def _replay_layer(self, lw: _LayerWeights, found: dict[str, Any]) -> None:
+        for group in _groups(self.cfg):
+            if group.key in found["scales"]:
+                self._apply_scales(lw, group, found["scales"][group.key])
+                for m in self._awq_members(lw, group):
+                    if m in found["clip"]:
+                        self._apply_clip(lw, m, found["clip"][m])
+
+    def _group_size(self, lw: _LayerWeights, proj: str) -> int:
+        size = self.plan.format_for(lw.proj_name(proj)).group_size
+        assert size is not None
+        return size
+
+    def _apply_scales(self, lw: _LayerWeights, group: _Group, s: torch.Tensor) -> None:
+        """Multiplies the group's weights by s and divides s out upstream (or at run time)."""
+        i = lw.index
+        target = self._fold_target(lw, group)
+        awq = self._awq_members(lw, group)
+        if target is None:  # no exact fold: only the AWQ members see x / s, at run time
+            for m in awq:
+                lw.tensors[_wname(i, m)] = lw.current(_wname(i, m)) * s
+                lw.runtime[lw.proj_name(m)] = s
+            return
+        for m in group.members:
+            lw.tensors[_wname(i, m)] = lw.current(_wname(i, m)) * s
+        if group.upstream in ("v_proj", "up_proj"):  # the previous linear's output rows
+            rows = _wname(i, group.upstream)
+            lw.tensors[rows] = lw.current(rows) / s[:, None]
+            bias = _wname(i, group.upstream, "bias")
+            if bias in lw.tensors:
+                lw.tensors[bias] = lw.current(bias) / s
+        else:
+            norm = f"layers.{i}.{group.upstream}.weight"
+            lw.tensors[norm] = lw.current(norm) / s
+
+    def _fold_target(self, lw: _LayerWeights, group: _Group) -> str | None:
+        """The upstream op that can absorb 1/s exactly, or None (then scale at run time)."""
+        fmt = lambda p: self.plan.format_for(lw.proj_name(p))  # noqa: E731
+        if group.upstream in ("v_proj", "up_proj"):
+            if fmt(group.upstream).kind == "native":
+                return None  # its stored blocks are kept as they are
+            if group.key == "o" and self.cfg.num_heads != self.cfg.num_kv_heads:
+                return None  # one v channel feeds several o inputs that want different scales
+            return group.upstream
+        if any(fmt(m).kind == "native" for m in group.members):
+            return None  # a native member would see x / s without W * s
+        return group.upstream
+
+    def _recording_factory(self, lw: _LayerWeights) -> Callable[..., nn.Module]:
+        base = _AWQFactory(self.plan, lw.runtime)
+
+        def make(names: list[str], ws: list[Any], biases: list[torch.Tensor] | None) -> nn.Module:
+            module = base(names, ws, biases)
+            self.prebuilt[tuple(names)] = module
+            return module
+        return make
+
+    def _keep_non_linear(self, lw: _LayerWeights) -> None:
+        """Norms go to the final model; linear weights become placeholders (already built)."""
+        for name, value in lw.tensors.items():
+            is_linear = any(name.startswith(_wname(lw.index, p).rsplit(".", 1)[0] + ".")
+                            for g in _groups(self.cfg) for p in g.members)
+            self.final[name] = None if is_linear else value
+        lw.tensors.clear()
+
+    # -- output head
+
+    def _head(self, embed: Any, hidden: list[torch.Tensor] | None) -> None:
+        head_obj = self.weights.pop("lm_head.weight", None)
+        tied = head_obj is None
+        head_obj = embed if tied else head_obj
+        norm_w = self.weights.pop("norm.weight")
+        fmt = self.plan.format_for("lm_head")
+        if fmt.awq:
+            s = self._head_scales(head_obj, norm_w, hidden, fmt)
+            norm_w = norm_w / s
+            head_obj = _dense(head_obj) * s
+        self.final["norm.weight"] = norm_w
+        if not tied:
+            self.final["lm_head.weight"] = None
+        self.prebuilt[("lm_head",)] = _AWQFactory(self.plan, {})(["lm_head"], [head_obj], None)
+        if self.weights:
+            raise TightfitError(f"unused weights: {sorted(self.weights)[:8]}")
+
+    def _head_scales(self, head_obj: Any, norm_w: torch.Tensor,
+                     hidden: list[torch.Tensor] | None, fmt: WeightFormat) -> torch.Tensor:
+        if not self.calibrating:
+            return self.search["head"]
+        assert hidden is not None and fmt.group_size is not None
+        norm = RMSNorm(norm_w, self.cfg.rms_eps)
+        with torch.inference_mode():
+            x = torch.cat([norm(h) for h in hidden])
+        w = _dense(head_obj)
+        gen = torch.Generator().manual_seed(self.settings.seed)
+        rows = torch.randperm(w.shape[0], generator=gen)[:_HEAD_SEARCH_ROWS].sort().values
+        res = gram_search_scales([w[rows]], x, fmt.group_size, n_grid=self.settings.n_grid,
+                                 max_tokens=min(_HEAD_SEARCH_TOKENS, self.settings.search_tokens),
+                                 seed=self.settings.seed)
+        self.search["head"] = res.scales
+        log.debug("head: alpha %.2f, loss %.3g (round-to-nearest %.3g)", res.alpha, res.loss,
+                  res.rtn_loss)
+        return res.scales
+
+
+# -- scale search ----------------------------------------------------------------------------
+
+def gram_search_scales(weights: list[torch.Tensor], x: torch.Tensor, group_size: int, *,
+                       n_grid: int = 20, max_tokens: int = 4096, seed: int = 0) -> AWQScaleResult:
+    """awq.search_scales' grid search over alpha, with the loss computed from the weight error
+    and (when there are more tokens than inputs) the inputs' Gram matrix.
+
+    With E = Q(W * s) / s - W (the weight error seen from the unscaled input) the loss
+    mean((x/s) @ Q(W*s).T - x @ W.T)^2 equals sum(E @ C * E) / (tokens * out) for C = X.T @ X:
+    one [out, in] x [in, in] product per alpha instead of [tokens, in] x [in, out] (2-4x fewer
+    flops at equal tokens for these shapes, and no cancellation between two large outputs).
+    mean|x| uses every token, C at most `max_tokens` tokens drawn with `seed`.
+    """
+    w = torch.cat([wi.detach().to(torch.float32) for wi in weights])
+    x2 = x.detach().reshape(-1, x.shape[-1]).to(torch.float32)
+    if w.shape[1] != x2.shape[1]:
+        raise TightfitError(f"weights take {w.shape[1]} inputs, activations have {x2.shape[1]}")
+    x_mean = activation_mean_abs(x2)
+    if x2.shape[0] > max_tokens:
+        gen = torch.Generator().manual_seed(seed)
+        x2 = x2[torch.randperm(x2.shape[0], generator=gen)[:max_tokens].sort().values]
+    n, k = x2.shape
+    # The Gram form costs out * in^2 per alpha, the per-token form tokens * in * out: with
+    # fewer tokens than inputs (small calibration sets) the per-token form is cheaper.
+    gram = (x2.t() @ x2) / n if n > k else None
+    alphas = tuple(i / n_grid for i in range(n_grid + 1))
+    losses = []
+    for alpha in alphas:
+        s = scales_for_alpha(x_mean, alpha)
+        err = fake_quantize_int4(w * s, group_size) / s - w
+        total = (err @ gram * err).sum() if gram is not None else (x2 @ err.t()).pow(2).sum() / n
+        losses.append(float(total) / w.shape[0])
+    best = min(range(len(alphas)), key=losses.__getitem__)
+    return AWQScaleResult(scales=scales_for_alpha(x_mean, alphas[best]), alpha=alphas[best],
+                          alphas=alphas, losses=tuple(losses))
+
+
+# Shrink fractions tried on each side of a group's [min, max] by the range search.
+_RANGE_SHRINK = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3)
+
+
+def gram_search_range(weight: torch.Tensor, x: torch.Tensor, group_size: int, *,
+                      shrink: tuple[float, ...] = _RANGE_SHRINK, max_tokens: int = 4096,
+                      seed: int = 0) -> torch.Tensor:
+    """Per (row, group) quantisation range [lo, hi] minimising that group's share of the output
+    error, e C_g e^T with e = Q(clamp(w, lo, hi)) - w and C_g the group's block of X.T @ X.
+
+    The asymmetric counterpart of awq.search_clip (which shrinks +-max|w| symmetrically around 0,
+    a poor fit for min/max int4 on groups not centred on 0), scored on up to `max_tokens` tokens
+    through the Gram blocks. (0, 0) = plain min/max is a candidate, so on the calibration tokens
+    no group gets worse. Returns fp32 [out, in_padded / group, 2]; apply with `apply_range`.
+    """
+    w = weight.detach().to(torch.float32)
+    out_f, in_f = w.shape
+    k = padded_in_features(in_f, group_size)
+    groups = pad_columns(w, k).reshape(out_f, k // group_size, group_size)
+    xs = x.detach().reshape(-1, in_f).to(torch.float32)
+    if xs.shape[0] > max_tokens:
+        gen = torch.Generator().manual_seed(seed)
+        xs = xs[torch.randperm(xs.shape[0], generator=gen)[:max_tokens]]
+    xs = torch.nn.functional.pad(xs, (0, k - in_f)).reshape(xs.shape[0], -1, group_size)
+    gram = torch.einsum("ngk,ngl->gkl", xs, xs) / xs.shape[0]  # [groups, g, g]
+    lo0, hi0 = groups.amin(dim=2), groups.amax(dim=2)
+    span = hi0 - lo0
+    best = torch.stack([lo0, hi0], dim=-1)
+    best_err = torch.full_like(lo0, float("inf"))
+    for a in shrink:
+        for b in shrink:
+            lo, hi = lo0 + a * span, hi0 - b * span
+            q = _fake_quantize_range(groups, lo, hi)
+            err = q - groups
+            # [groups, out, g] @ [groups, g, g]: each group's error through its own Gram block.
+            loss = (torch.bmm(err.transpose(0, 1), gram).transpose(0, 1) * err).sum(dim=2)
+            better = loss < best_err
+            best_err = torch.where(better, loss, best_err)
+            best = torch.where(better[..., None], torch.stack([lo, hi], dim=-1), best)
+    return best
+
+
+def _fake_quantize_range(groups: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
+                         ) -> torch.Tensor:
+    """What quantize_int4 + dequantize_int4 give for groups clamped to [lo, hi]."""
+    span = hi - lo
+    scale = torch.where(span > 0, span / INT4_LEVELS, torch.ones_like(span))[..., None]
+    clamped = torch.minimum(torch.maximum(groups, lo[..., None]), hi[..., None])
+    codes = torch.round((clamped - lo[..., None]) / scale).clamp_(0, INT4_LEVELS)
+    return lo[..., None] + codes * scale
+
+
+def apply_range(weight: torch.Tensor, limits: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Clamps each (row, group) of `weight` [out, in] to limits[..., 0] .. limits[..., 1]."""
+    in_f = weight.shape[1]
+    lo = limits[..., 0].repeat_interleave(group_size, dim=1)[:, :in_f]
+    hi = limits[..., 1].repeat_interleave(group_size, dim=1)[:, :in_f]
+    return torch.minimum(torch.maximum(weight, lo), hi)
+
+
+# -- linear factories ------------------------------------------------------------------------
+
+class _AWQFactory:
+    """PlanLinearFactory, plus AWQ members whose input is divided by s at run time: those get
+    weights already multiplied by s (and clipped), quantised as given."""
+
+    def __init__(self, plan: PrecisionPlan, runtime: dict[str, torch.Tensor]) -> None:
+        self.plan = plan
+        self.runtime = runtime
+        self.base = PlanLinearFactory(plan)
+
+    def __call__(self, names: list[str], weights: list[Any], biases: list[torch.Tensor] | None
+                 ) -> nn.Module:
+        if not any(n in self.runtime for n in names):
+            return self.base(names, weights, biases)
+        bs = biases or [None] * len(names)
+        fmts = {self.plan.format_for(n) for n in names}
+        if len(fmts) == 1 and all(n in self.runtime for n in names):
+            w = torch.cat([_dense(x) for x in weights])
+            b = None if biases is None else torch.cat(biases)
+            return _scaled_module(w, b, fmts.pop(), self.runtime[names[0]])
+        return SplitLinear([self([n], [w], None if b is None else [b])
+                            for n, w, b in zip(names, weights, bs)])
+
+
+def _scaled_module(weight: torch.Tensor, bias: torch.Tensor | None, fmt: WeightFormat,
+                   s: torch.Tensor) -> nn.Module:
+    """weight already holds W * s: quantise it as is and let the module divide x by s."""
+    if fmt.kind == "int4":
+        assert fmt.group_size is not None
+        return Int4Linear.from_weights(quantize_int4(weight, fmt.group_size), bias, input_scale=s)
+    if fmt.kind == "int8":
+        return Int8Linear.from_weights(quantize_int8(weight), bias, input_scale=s)
+    raise TightfitError(f"run-time AWQ scales need an int4/int8 format, got {fmt.name}")
+
+
+class _Prebuilt:
+    """LinearFactory for the final DecoderModel: hands out the modules built during the pass."""
+
+    def __init__(self, modules: dict[tuple[str, ...], nn.Module]) -> None:
+        self.modules = modules
+
+    def __call__(self, names: list[str], weights: list[Any], biases: Any) -> nn.Module:
+        return self.modules.pop(tuple(names))
+
+
+# -- calibration data and forward ------------------------------------------------------------
+
+def calibration_ids(tokenizer: Any, settings: CalibrationSettings) -> torch.Tensor:
+    """[sequences, tokens] ids: seeded non-overlapping windows of the corpus after the
+    evaluation windows of the perplexity protocol."""
+    from tightfit.engine.scoring import DEFAULT_WINDOWS, WINDOW_TOKENS, corpus_text
+
+    if tokenizer is None:
+        raise TightfitError("AWQ calibration needs the model's tokenizer")
+    ids = tokenizer.encode(corpus_text(), add_special_tokens=False)
+    rest = torch.tensor(ids[DEFAULT_WINDOWS * WINDOW_TOKENS:], dtype=torch.long)
+    n_windows = rest.numel() // settings.tokens
+    if n_windows < settings.sequences:
+        raise TightfitError(f"the calibration corpus holds {n_windows} windows of "
+                            f"{settings.tokens} tokens, fewer than the {settings.sequences} asked")
+    windows = rest[:n_windows * settings.tokens].view(n_windows, settings.tokens)
+    gen = torch.Generator().manual_seed(settings.seed)
+    pick = torch.randperm(n_windows, generator=gen)[:settings.sequences].sort().values
+    return windows[pick]
+
+
+def _ropes(cfg: ModelConfig, tokens: int) -> dict[bool, Rotary]:
+    """Rotary tables for positions < tokens (same values as the model's longer tables)."""
+    rope = Rotary(cfg.head_dim, cfg.rope_theta, tokens)
+    local = Rotary(cfg.head_dim, cfg.rope_local_theta, tokens) if cfg.rope_local_theta else rope
+    return {False: rope, True: local}
+
+
+def _chunk_meta(cfg: ModelConfig, batch: int, tokens: int) -> AttentionMetadata:
+    """Metadata for `batch` fresh sequences of `tokens` tokens each (causal, own K/V only)."""
+    mask = sliding = None
+    if cfg.sliding_window and tokens > cfg.sliding_window:
+        pos = torch.arange(tokens)
+        causal = pos[None, :] <= pos[:, None]
+        mask = causal.view(1, 1, tokens, tokens)
+        sliding = (causal & (pos[:, None] - pos[None, :] < cfg.sliding_window)).view(
+            1, 1, tokens, tokens)
+    group = AttentionGroup(0, batch, tokens, None, mask, sliding)
+    return AttentionMetadata(slot_mapping=torch.arange(batch * tokens), groups=[group])
+
+
+def _run_layer(layer: nn.Module, hidden: list[torch.Tensor], cfg: ModelConfig, tokens: int
+               ) -> list[torch.Tensor]:
+    """The layer applied to each chunk of calibration states ([batch * tokens, hidden] each)."""
+    out = []
+    with torch.inference_mode():
+        for h in hidden:
+            batch = h.shape[0] // tokens
+            meta = _chunk_meta(cfg, batch, tokens)
+            positions = torch.arange(tokens).repeat(batch)
+            shape = (1, batch * tokens, cfg.num_kv_heads, cfg.head_dim)
+            kv = (torch.empty(shape), torch.empty(shape))  # written, then read back by attention
+            out.append(layer(h, positions, meta, kv, "fast"))
+    return out
+
+
+# -- cache -----------------------------------------------------------------------------------
+
+def weights_digest(weights: dict[str, Any]) -> str:
+    """sha256 over every tensor's name, type, shape and stored bytes (the model's identity,
+    whichever file or directory it came from)."""
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        w = dict.__getitem__(weights, name)  # LazyWeights: the stored form, not materialised
+        if isinstance(w, torch.Tensor):
+            kind, shape, data = str(w.dtype), tuple(w.shape), w.contiguous().numpy()
+        else:
+            kind, shape, data = w.qtype_name, tuple(w.tensor.shape), w.tensor.data
+        h.update(f"{name}|{kind}|{shape}|".encode())
+        h.update(memoryview(np.ascontiguousarray(data)).cast("B"))
+    return h.hexdigest()
+
+
+def plan_spec(plan: PrecisionPlan) -> str:
+    """The plan's content (not its file name) as canonical JSON."""
+    return json.dumps({"default": plan.default.name,
+                       "rules": [[p, f.name] for p, f in plan.rules]}, sort_keys=True)
+
+
+def _cache_key(weights: dict[str, Any], plan: PrecisionPlan, settings: CalibrationSettings
+               ) -> dict[str, Any]:
+    return {"version": CACHE_VERSION, "weights_sha256": weights_digest(weights),
+            "plan": plan_spec(plan), "calibration": asdict(settings)}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("TIGHTFIT_CACHE_DIR")
+    return (Path(root) if root else Path.home() / ".cache" / "tightfit") / "awq"
+
+
+def _cache_path(key: dict[str, Any], plan: PrecisionPlan) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+    slug = plan.default.name if not plan.rules else "plan"
+    return cache_dir() / f"{key['weights_sha256'][:16]}-{slug}-{digest}.pt"
+
+
+def _read_cache(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        data = torch.load(path, weights_only=True)
+    except Exception as exc:  # a damaged cache is only a lost speed-up: recompute
+        log.warning("ignoring unreadable AWQ cache %s: %s", path, exc)
+        return None
+    if not isinstance(data, dict) or data.get("key") != key:
+        return None
+    return data
+
+
+def _write_cache(path: Path, data: dict[str, Any]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        torch.save(data, tmp)
+        os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
+    except OSError as exc:
+        log.warning("could not write the AWQ cache %s: %s", path, exc)
