@@ -149,11 +149,14 @@ class ModelRunner:
     def _do_swaps(self, out: SchedulerOutput) -> None:
         t0 = time.perf_counter()
         moved = 0
-        for blocks, slots in out.swap_out:  # out first: freed blocks may be reused this step
-            self.swap_space().store(blocks, slots)
-            moved += len(blocks)
-        for slots, blocks in out.swap_in:
-            self.swap_space().load(slots, blocks)
+        # In the order the scheduler decided them: a slot given back by a swap-in may be taken
+        # by a later swap-out of the same step, and a block freed by a swap-out may receive a
+        # later swap-in.
+        for direction, blocks, slots in out.swaps:
+            if direction == "out":
+                self.swap_space().store(blocks, slots)
+            else:
+                self.swap_space().load(slots, blocks)
             moved += len(blocks)
         self.last_swap_bytes = moved * self.block_bytes
         self.last_swap_s = time.perf_counter() - t0
@@ -162,7 +165,7 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> tuple[list[ScheduledSeq], torch.Tensor]:
         """Runs the step; returns the sequences that sample and their logits [n, vocab]."""
         self.last_swap_bytes = 0
-        if out.swap_out or out.swap_in:
+        if out.swaps:
             self._do_swaps(out)
         input_ids, positions, meta, ordered = self.prepare(out)
         rows = [meta.query_starts[i] + s.num_new_tokens - 1

@@ -58,8 +58,9 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
-    swap_out: list[tuple[list[int], list[int]]] = field(default_factory=list)  # blocks -> slots
-    swap_in: list[tuple[list[int], list[int]]] = field(default_factory=list)  # slots -> blocks
+    # ("out", blocks, slots) parks blocks in swap slots; ("in", blocks, slots) brings them back.
+    # Executed in this order, which matters: slots and blocks are reused within a step.
+    swaps: list[tuple[str, list[int], list[int]]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -160,7 +161,7 @@ class Scheduler:
             seq.num_computed_tokens, blocks)))
         if swap:  # park the KV blocks; progress is kept
             seq.swap_slots = self.memory.swap.take(blocks)
-            out.swap_out.append((list(seq.block_table), seq.swap_slots))
+            out.swaps.append(("out", list(seq.block_table), seq.swap_slots))
             self.num_swaps += 1
         else:  # recompute: drop the KV; the sequence re-prefills all its tokens later
             seq.num_computed_tokens = 0
@@ -247,7 +248,7 @@ class Scheduler:
         if not self._fit(seq, need, out):
             return False
         seq.block_table = self.memory.take(seq.tier, need)
-        out.swap_in.append((seq.swap_slots, seq.block_table[:held]))
+        out.swaps.append(("in", seq.block_table[:held], seq.swap_slots))
         self.memory.swap.give_back(seq.swap_slots)
         seq.swap_slots = []
         out.scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens))
