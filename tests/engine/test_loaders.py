@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tightfit.engine.scoring import window_logits
 from tightfit.errors import ModelFileError, UnsupportedModelError
 
 transformers = pytest.importorskip("transformers")
@@ -47,22 +48,6 @@ def _tiny(kind: str):
     return model
 
 
-def _all_logits(llm, ids: list[int]) -> torch.Tensor:
-    from tightfit import SamplingParams
-    from tightfit.engine.request import Sequence
-    from tightfit.engine.scheduler import ScheduledSeq, SchedulerOutput
-
-    eng = llm.engine
-    seq = Sequence("probe", ids, SamplingParams())
-    seq.block_table = eng.pool.allocate(eng.pool.blocks_needed(len(ids)))
-    try:
-        inp, pos, meta, _ = eng.runner.prepare(SchedulerOutput([ScheduledSeq(seq, len(ids), 0)]))
-        with torch.no_grad():
-            return llm.loaded.model(inp, pos, meta, eng.runner.kv_caches, torch.arange(len(ids)))
-    finally:
-        eng.pool.free(seq.block_table)
-
-
 @pytest.mark.parametrize("kind", ["qwen2", "llama-untied", "gemma3"])
 def test_hf_directory_matches_transformers(tmp_path, kind):
     from tightfit import LLM, SamplingParams
@@ -73,7 +58,7 @@ def test_hf_directory_matches_transformers(tmp_path, kind):
     llm = LLM(str(tmp_path), quant="fp32", num_threads=1, block_size=4)
     assert llm.loaded.config.architecture == ("gemma3" if kind == "gemma3" else "llama")
     ids = [(7 * i + 3) % 128 for i in range(13)]
-    ours = _all_logits(llm, ids)
+    ours = window_logits(llm, ids)
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]
     rel = ((ours - ref).norm() / ref.norm()).item()
