@@ -68,16 +68,66 @@ def test_block_tables_grow_per_block():
 
 def test_preempts_lowest_priority_newest_when_out_of_blocks():
     sched, pool = make(n_blocks=4, bs=4, budget=64)
-    hi = seq("hi", 4, prio=0, idx=0)
-    lo = seq("lo", 8, prio=5, idx=1)
+    hi = seq("hi", 3, prio=0, idx=0)
+    lo = seq("lo", 12, prio=5, idx=1)
     sched.add(hi)
     sched.add(lo)
-    run_step(sched)  # hi: 1 block, lo: 2 blocks, 1 free
-    assert (hi.block_table, lo.block_table) == ([0], [1, 2])
-    run_step(sched)  # hi grows to 2 blocks (takes 3); lo at 9 tokens needs a 3rd block
-    assert hi.block_table == [0, 3]
+    run_step(sched)  # hi's first prefill runs alone: lo's prefill does not ride along
+    assert hi.block_table == [0] and lo.status is Status.WAITING
+    run_step(sched)  # hi decodes within its block; lo takes the other three
+    assert (hi.block_table, lo.block_table) == ([0], [1, 2, 3])
+    run_step(sched)  # hi's 5th token needs a block: only lo can give one
+    assert len(hi.block_table) == 2
     assert lo.status is Status.WAITING and lo.block_table == [] and lo.num_computed_tokens == 0
     assert sched.num_preemptions == 1 and lo.num_preemptions == 1
+
+
+def _plan(out):
+    return [(s.seq.request_id, s.num_new_tokens) for s in out.scheduled]
+
+
+def test_background_prefill_shares_a_small_chunk_per_step():
+    pool = BlockPool(64, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, background_chunk_tokens=16),
+                      pool)
+    sched.add(seq("a", 40, prio=3, idx=0))
+    sched.add(seq("b", 40, prio=3, idx=1))
+    assert _plan(run_step(sched)) == [("a", 16)]  # 16 background prefill tokens in all
+    assert _plan(run_step(sched)) == [("a", 16)]
+    # foreground work keeps the whole budget
+    fg, _ = make(budget=64)
+    fg.add(seq("c", 40, prio=0, idx=0))
+    assert _plan(run_step(fg)) == [("c", 40)]
+
+
+def test_waiting_important_request_goes_before_running_background_prefill():
+    pool = BlockPool(64, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, background_chunk_tokens=32),
+                      pool)
+    lo = seq("lo", 100, prio=5, idx=0)
+    sched.add(lo)
+    assert _plan(run_step(sched)) == [("lo", 32)]
+    sched.add(seq("hi", 4, prio=0, idx=1))
+    assert _plan(run_step(sched)) == [("hi", 4)]  # lo's next chunk is deferred, not mixed in
+    assert _plan(run_step(sched)) == [("hi", 1), ("lo", 32)]
+    assert lo.num_computed_tokens == 64 and lo.num_preemptions == 0
+
+
+def test_first_token_step_of_important_request_skips_less_important_decodes():
+    sched, _ = make(budget=64)
+    lo = seq("lo", 4, prio=5, idx=0)
+    sched.add(lo)
+    run_step(sched)
+    assert _plan(run_step(sched)) == [("lo", 1)]
+    sched.add(seq("hi", 6, prio=0, idx=1))
+    assert _plan(run_step(sched)) == [("hi", 6)]  # lo sits out this one step
+    assert _plan(run_step(sched)) == [("hi", 1), ("lo", 1)]
+    # equal priorities: nobody sits out
+    eq, _ = make(budget=64)
+    eq.add(seq("a", 4, idx=0))
+    run_step(eq)
+    eq.add(seq("b", 6, idx=1))
+    assert _plan(run_step(eq)) == [("a", 1), ("b", 6)]
 
 
 def test_priority_order_on_admission_and_fcfs_alternative():

@@ -19,15 +19,14 @@ from typing import IO, Any
 
 import psutil
 
+from tightfit import sysmem
 from tightfit.bench.backends import backend_class
 from tightfit.bench.backends.base import Backend, BackendOptions
 from tightfit.bench.workloads import Arrival, BenchRequest
 
 
 def peak_rss_mib() -> float:
-    # Linux reports ru_maxrss in KiB (macOS in bytes).
-    scale = 1 / 1024 if sys.platform != "darwin" else 1 / 2**20
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, 1)
+    return round(sysmem.peak_rss_mib(), 1)
 
 
 def _busy_s() -> float:

@@ -3,8 +3,6 @@ the small helpers that turn them into library objects. No torch import at module
 from __future__ import annotations
 
 import argparse
-import resource
-import sys
 from typing import Any
 
 
@@ -59,6 +57,7 @@ def sampling_from_args(args: argparse.Namespace) -> Any:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far, in MiB (Linux reports KiB)."""
-    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kib / 1024 if sys.platform != "darwin" else kib / 1024**2
+    """Peak resident set size of this process so far, in MiB."""
+    from tightfit.sysmem import peak_rss_mib
+
+    return peak_rss_mib()

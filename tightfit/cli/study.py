@@ -1,5 +1,6 @@
-"""`tightfit study`: the brief's ch. 3 measurements as runnable studies, one sub-command each
-(today: `kv-compression`). A thin shell over tightfit.studies; no torch import at module level.
+"""`tightfit study`: the brief's ch. 3 measurements as runnable studies, one sub-command each:
+`kv-compression`, `memory-pool` (priority, length tiers, budget) and `skewed-batching`. A thin
+shell over tightfit.studies; no torch import at module level.
 """
 from __future__ import annotations
 
@@ -19,7 +20,147 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Runnable studies of the brief's decay paths.")
     studies = p.add_subparsers(dest="study", metavar="STUDY")
     _register_kv(studies)
+    _register_pool(studies)
+    _register_skewed(studies)
     p.set_defaults(func=run, study_parser=p)
+
+
+POOL_PARTS = ("priority", "tiers", "budget")
+
+
+def _register_pool(studies: argparse._SubParsersAction) -> None:
+    m = studies.add_parser(
+        "memory-pool", help="priority TTFT under saturation, length tiers, budget vs peak RSS",
+        description="Each part runs both of its configurations in one run on the same weights: "
+                    "priority = high-priority TTFT p95 with every slot and the KV pool held by "
+                    "low-priority work vs an idle engine; tiers = short requests' p99 latency "
+                    "under a flood of long ones, tiers 512/2048 vs one shared pool; budget = "
+                    "peak RSS of a fresh process under load vs its --memory-budget.")
+    add_model_args(m)
+    m.add_argument("--parts", default=",".join(POOL_PARTS),
+                   help=f"comma-separated: {', '.join(POOL_PARTS)} (default: all)")
+    m.add_argument("--budget", default="640MiB",
+                   help="budget part: the --memory-budget given to the fresh process "
+                        "(default: 640MiB)")
+    m.add_argument("--json", action="store_true", help="print one JSON object")
+    m.set_defaults(func=run_pool)
+
+
+def _register_skewed(studies: argparse._SubParsersAction) -> None:
+    k = studies.add_parser(
+        "skewed-batching", help="7 short + 1 long request: padded vs length-grouped decode",
+        description="Seven short requests and one very long one decode together, once with the "
+                    "batch's attention padded to the longest context and once grouped by length "
+                    "bucket: wasted K/V work, wall time, short requests' latency.")
+    add_model_args(k)
+    k.add_argument("--long-tokens", type=int, default=1800, help="long prompt (default: 1800)")
+    k.add_argument("--short-tokens", type=int, default=40, help="short prompts (default: 40)")
+    k.add_argument("--json", action="store_true", help="print one JSON object")
+    k.set_defaults(func=run_skewed)
+
+
+def parse_parts(text: str) -> list[str]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    for p in parts:
+        if p not in POOL_PARTS:
+            raise TightfitError(f"unknown memory-pool study part {p!r}: use "
+                                f"{', '.join(POOL_PARTS)}")
+    if not parts:
+        raise TightfitError("--parts is empty: use e.g. priority,tiers")
+    return parts
+
+
+def run_pool(args: argparse.Namespace) -> int:
+    from tightfit.config import parse_bytes
+
+    parts = parse_parts(args.parts)
+    parse_bytes(args.budget)  # a bad size fails before the model load
+    from rich.console import Console
+
+    from tightfit.studies import memory_pool as mp
+
+    console = Console(stderr=True, quiet=args.json)
+    result: dict[str, Any] = {"quant": args.quant}
+    if "priority" in parts or "tiers" in parts:
+        llm = build_llm(args)
+        result["model"] = llm.loaded.config.name
+        if "priority" in parts:
+            console.log("priority: low-priority work saturates the engine; then high arrives")
+            result["priority"] = mp.priority_study(llm)
+        if "tiers" in parts:
+            console.log("tiers: a flood of long requests, shared pool vs tiers 512/2048")
+            result["tiers"] = mp.tiers_study(llm)
+    if "budget" in parts:
+        console.log(f"budget: fresh process, --memory-budget {args.budget}, 24 requests")
+        result["budget"] = mp.budget_study_subprocess(args.budget, args.quant, args.model)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_pool(result)
+    return 0
+
+
+def _print_pool(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    if "priority" in result:
+        p = result["priority"]
+        t = Table(title=f"priority: high-priority TTFT ({result.get('model')}, {result['quant']})")
+        for col in ("engine", "TTFT p50 (s)", "TTFT p95 (s)"):
+            t.add_column(col, justify="left" if col == "engine" else "right")
+        t.add_row("idle", f"{p['high_ttft_p50_idle_s']:.3f}", f"{p['high_ttft_p95_idle_s']:.3f}")
+        t.add_row("saturated by low priority", f"{p['high_ttft_p50_loaded_s']:.3f}",
+                  f"{p['high_ttft_p95_loaded_s']:.3f}")
+        console.print(t)
+        verdict = "met" if p["ratio_p95"] <= 2 else "missed"
+        console.print(f"p95 ratio {p['ratio_p95']:.2f}x (target <= 2x: {verdict}); "
+                      f"{p['preemptions']} preemptions, {p['swaps']} by swap")
+    if "tiers" in result:
+        t = Table(title="length tiers: short requests' latency under a flood of long ones")
+        for col in ("KV pool", "short p50 (s)", "short p99 (s)"):
+            t.add_column(col, justify="left" if col == "KV pool" else "right")
+        for name, r in result["tiers"].items():
+            t.add_row(name, f"{r['short_p50_s']:.2f}", f"{r['short_p99_s']:.2f}")
+        console.print(t)
+    if "budget" in result:
+        b = result["budget"]
+        console.print(f"budget {b['budget_mib']:.0f} MiB: peak RSS serving {b['peak_rss_mib']:.0f} "
+                      f"MiB ({b['overshoot_mib']:+.0f} MiB vs budget), KV pool "
+                      f"{b['kv_tokens']:,} tokens, {b['preemptions']} preemptions; the load "
+                      f"alone peaked at {b['load_peak_rss_mib']:.0f} MiB")
+
+
+def run_skewed(args: argparse.Namespace) -> int:
+    for name in ("long_tokens", "short_tokens"):
+        if getattr(args, name) < 1:
+            raise TightfitError(f"--{name.replace('_', '-')} must be >= 1, got "
+                                f"{getattr(args, name)}")
+    if args.long_tokens + 32 > args.max_model_len:
+        raise TightfitError(f"--long-tokens {args.long_tokens} + 32 generated tokens exceeds "
+                            f"--max-model-len {args.max_model_len}: lower it or raise the other")
+    from tightfit.studies.skewed_batching import skewed_batching_study
+
+    llm = build_llm(args)
+    result = skewed_batching_study(llm, long_tokens=args.long_tokens,
+                                   short_tokens=args.short_tokens)
+    if args.json:
+        print(json.dumps({"quant": args.quant, **result}))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"7 x {args.short_tokens}-token + 1 x {args.long_tokens}-token prompts, "
+                    "32 tokens each")
+    for col in ("decode batching", "wasted K/V work", "wall (s)", "short mean latency (s)",
+                "tok/s"):
+        t.add_column(col, justify="left" if col == "decode batching" else "right")
+    for name, r in result.items():
+        t.add_row(name, f"{r['wasted_kv_work']:.0%}", f"{r['wall_s']:.2f}",
+                  f"{r['short_mean_latency_s']:.2f}", f"{r['agg_tok_s']:.1f}")
+    Console(width=None if sys.stdout.isatty() else 160).print(t)
+    return 0
 
 
 def _register_kv(studies: argparse._SubParsersAction) -> None:

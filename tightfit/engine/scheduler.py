@@ -26,6 +26,9 @@ class FCFSPolicy:
     def key(self, seq: Sequence) -> tuple:
         return (seq.arrival_index,)
 
+    def rank(self, seq: Sequence) -> int:
+        return 0  # no request outranks another
+
 
 class PriorityPolicy:
     """Lower `priority` value first, then arrival; each `aging_s` seconds spent waiting
@@ -40,6 +43,10 @@ class PriorityPolicy:
         if self.aging_s > 0 and seq.status is Status.WAITING:
             prio -= int((time.perf_counter() - seq.waiting_since) / self.aging_s)
         return (prio, seq.arrival_index)
+
+    def rank(self, seq: Sequence) -> int:
+        """The priority level alone (with aging): what outranks what across requests."""
+        return self.key(seq)[0]
 
 
 @dataclass
@@ -100,23 +107,79 @@ class Scheduler:
         return {s.tier for s in self.running} | {s.tier for s in self.waiting}
 
     def schedule(self) -> SchedulerOutput:
+        """Running sequences first, in policy order; then admissions. Two rules keep a more
+        important request's time to first token short while less important work is prefilling:
+        a running prefill is deferred while a request that outranks it waits (the newcomer gets
+        the budget first), and a step that carries a prefill for a more important request does
+        not also carry a less important one's prefill chunk. Background requests (priority > 0)
+        prefill in chunks of `background_chunk_tokens`, so that any step a newcomer must wait
+        out is short."""
         self._reclaim_idle()
         out = SchedulerOutput()
         budget = self.cfg.max_num_batched_tokens
         self.running.sort(key=self.policy.key)
+        best_waiting = min((self.policy.rank(s) for s in self.waiting), default=None)
+        deferred: list[Sequence] = []
         for seq in list(self.running):
             if budget == 0:
                 break
             if seq not in self.running:  # preempted while making room for an earlier one
                 continue
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if not self._make_room(seq, n, out):
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            if remaining > 1 and best_waiting is not None and best_waiting < self.policy.rank(seq):
+                deferred.append(seq)
+                continue
+            n = min(remaining, budget, self._chunk_cap(seq, out))
+            if n == 0 or not self._make_room(seq, n, out):
                 continue
             out.scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens))
             budget -= n
         if not out.preempted:  # admitting while preempting for growth would thrash
             self._admit(out)
+        self._schedule_deferred(deferred, out)
+        self._yield_decodes(out)
         return out
+
+    def _yield_decodes(self, out: SchedulerOutput) -> None:
+        """In a step that gives a request its first token, less important decodes sit out: the
+        runner computes decodes and each prefill as separate passes, so this pass is the
+        newcomer's whole wait. Each such request costs them one step, once; no starvation."""
+        firsts = [self.policy.rank(x.seq) for x in out.scheduled
+                  if x.samples and x.seq.num_tokens == x.seq.num_prompt_tokens]
+        if not firsts:
+            return
+        top = min(firsts)
+        out.scheduled = [x for x in out.scheduled
+                         if not (x.start == x.seq.num_tokens - 1 and x.num_new_tokens == 1
+                                 and self.policy.rank(x.seq) > top)]
+
+    def _chunk_cap(self, seq: Sequence, out: SchedulerOutput) -> int:
+        """Most tokens seq may compute this step: background requests
+        (priority > 0) share `background_chunk_tokens` of prefill per step; decodes always go."""
+        if seq.priority <= 0 or seq.num_tokens - seq.num_computed_tokens <= 1:
+            return self.cfg.max_num_batched_tokens
+        used = sum(x.num_new_tokens for x in out.scheduled
+                   if x.seq.priority > 0 and x.start < x.seq.num_tokens - 1)
+        return max(0, self.cfg.background_chunk_tokens - used)
+
+    def _top_prefill_rank(self, out: SchedulerOutput) -> int | None:
+        """The best rank among the prefills in this step (None: no prefill yet)."""
+        return min((self.policy.rank(x.seq) for x in out.scheduled
+                    if x.start < x.seq.num_tokens - 1), default=None)
+
+    def _schedule_deferred(self, deferred: list[Sequence], out: SchedulerOutput) -> None:
+        """Leftover budget to the prefills deferred for waiting requests that outrank them,
+        unless this step already prefills something more important."""
+        top = self._top_prefill_rank(out)
+        for seq in deferred:
+            budget = self.cfg.max_num_batched_tokens - out.num_tokens
+            if budget <= 0 or (top is not None and top < self.policy.rank(seq)):
+                break
+            if seq not in self.running:  # preempted by an admission
+                continue
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget, self._chunk_cap(seq, out))
+            if n > 0 and self._make_room(seq, n, out):
+                out.scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens))
 
     def _reclaim_idle(self) -> None:
         now = time.monotonic()
@@ -187,6 +250,13 @@ class Scheduler:
                 break
             if seq.tier in blocked:
                 continue
+            budget = min(budget, self._chunk_cap(seq, out))
+            if budget == 0:  # the step's background prefill share is spent
+                continue
+            top = self._top_prefill_rank(out)
+            if top is not None and top < self.policy.rank(seq) and \
+                    seq.num_tokens - seq.num_computed_tokens > 1:
+                continue  # keep a more important prefill's step short
             if len(self.running) >= self.cfg.max_num_seqs and not self._evict_for_slot(seq, out):
                 break
             ok = (self._admit_swapped(seq, out, budget) if seq.swap_slots

@@ -1,11 +1,13 @@
 """Drives an in-process engine with timed arrivals (open loop) and records per-request
 latencies: the shared harness of the memory-pool and skewed-batching studies. Wall clock, one
-engine, no threads: a request is added once its arrival time has passed, between steps."""
+engine, no threads: a request is added once its arrival time has passed, between steps. Its
+latencies count from its scheduled arrival time, as a client would see them: the wait for the
+step in flight when it arrived is included."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from tightfit.engine.sampling_params import SamplingParams
 
@@ -17,6 +19,7 @@ class Arrival:
     params: SamplingParams
     priority: int = 0
     label: str = ""
+    gated: bool = False  # at_s counts from the moment the driver's gate first holds
 
 
 @dataclass
@@ -28,25 +31,43 @@ class Finished:
     tokens: int
 
 
-def drive(llm: Any, arrivals: list[Arrival]) -> list[Finished]:
+def drive(llm: Any, arrivals: list[Arrival],
+          gate: Callable[[Any], bool] | None = None) -> list[Finished]:
+    """Runs the arrivals to completion. `gate(engine)` is checked between steps; gated
+    arrivals are released relative to when it first holds (e.g. "the pool is saturated")."""
     eng = llm.engine
-    pending = sorted(arrivals, key=lambda a: a.at_s)
-    labels: dict[str, Arrival] = {}
+    pending = list(arrivals)
+    gate_open = 0.0 if gate is None else None
+    arrived_at: dict[str, tuple[Arrival, float]] = {}
     done: list[Finished] = []
     t0 = time.perf_counter()
+
+    def due_at(a: Arrival) -> float | None:
+        if not a.gated:
+            return a.at_s
+        return None if gate_open is None else gate_open + a.at_s
+
     while pending or eng.has_unfinished():
         now = time.perf_counter() - t0
-        while pending and pending[0].at_s <= now:
-            a = pending.pop(0)
-            labels[eng.add_request(a.prompt, a.params, priority=a.priority)] = a
+        if gate_open is None and gate is not None and gate(eng):
+            gate_open = now
+        for a in sorted((a for a in pending if (d := due_at(a)) is not None and d <= now),
+                        key=due_at):
+            pending.remove(a)
+            rid = eng.add_request(a.prompt, a.params, priority=a.priority)
+            arrived_at[rid] = (a, t0 + due_at(a))
         if not eng.has_unfinished():
-            time.sleep(min(0.005, max(0.0, pending[0].at_s - now)))
+            nxt = [d for a in pending if (d := due_at(a)) is not None]
+            if not nxt:
+                raise RuntimeError("gated arrivals are pending but the engine is idle: the "
+                                   "gate can never open")
+            time.sleep(min(0.005, max(0.0, min(nxt) - now)))
             continue
         for out in eng.step():
             if out.finished:
-                a, m = labels.pop(out.request_id), out.metrics
-                done.append(Finished(a.label, a.priority, m.first_token_time - m.arrival_time,
-                                     m.finished_time - m.arrival_time, len(out.token_ids)))
+                (a, arrived), m = arrived_at.pop(out.request_id), out.metrics
+                done.append(Finished(a.label, a.priority, m.first_token_time - arrived,
+                                     m.finished_time - arrived, len(out.token_ids)))
     return done
 
 
