@@ -1,5 +1,7 @@
 """`tightfit eval ppl`: perplexity and top-1 agreement with the fp32 model on the project's fixed
-protocol (see tightfit/engine/scoring.py), for several weight formats side by side."""
+protocol (see tightfit/engine/scoring.py), for several weight formats side by side.
+`tightfit eval kv`: the same protocol against a compressed KV cache (= `tightfit study
+kv-compression`)."""
 from __future__ import annotations
 
 import argparse
@@ -31,6 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     ppl.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     ppl.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     ppl.set_defaults(func=run_ppl)
+    from tightfit.cli.study import KV_DESCRIPTION, KV_HELP, add_kv_args
+
+    add_kv_args(inner.add_parser("kv", help=f"KV compression: {KV_HELP}",
+                                 description=KV_DESCRIPTION + " Same as `tightfit study "
+                                                              "kv-compression`."))
 
 
 def run_ppl(args: argparse.Namespace) -> int:

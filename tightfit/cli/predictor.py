@@ -20,6 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     ev.add_argument("--plots", metavar="DIR", help="write predicted-vs-measured PNGs here")
     ev.add_argument("--without-brief-factors", action="store_true",
                     help="ablation: drop lambda_mem/comp/quant from the candidate features")
+    ev.add_argument("--measurements", action="append", default=[], metavar="FILE",
+                    help="tightfit dataset JSONL (e.g. data/measurements/cpu-2core.jsonl) whose "
+                         "single-stream runs join the evaluation (repeatable)")
     ev.add_argument("--json", action="store_true", help="print the results as JSON")
     ev.set_defaults(func=run_evaluate)
     fit = sub.add_parser("fit", help="fit on all shipped data and save the model JSON")
@@ -31,9 +34,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def run_evaluate(args: argparse.Namespace) -> int:
     from tightfit.predictor import report
 
+    from tightfit.errors import TightfitError
+
+    for path in args.measurements:
+        if not Path(path).is_file():
+            raise TightfitError(f"--measurements {path!r} does not exist: give a dataset JSONL "
+                                "such as data/measurements/cpu-2core.jsonl")
     splits = ("device", "model") if args.split == "both" else (args.split,)
     result = report.run(splits, screen=not args.no_screen,
-                        exclude=report.BRIEF if args.without_brief_factors else ())
+                        exclude=report.BRIEF if args.without_brief_factors else (),
+                        measurements=tuple(args.measurements))
     pairs = result.pop("_pairs")
     if args.plots:
         from tightfit.predictor import plots

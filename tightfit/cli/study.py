@@ -163,12 +163,18 @@ def run_skewed(args: argparse.Namespace) -> int:
     return 0
 
 
+KV_HELP = "perplexity, top-1 agreement, KV bytes and latency vs retention"
+KV_DESCRIPTION = ("Scores the fixed perplexity protocol with a KV cache that keeps only a "
+                  "fraction r of each sequence's tokens (eviction policy), optionally stored as "
+                  "int8, against the uncompressed fp32 cache; times decode steps per r.")
+
+
 def _register_kv(studies: argparse._SubParsersAction) -> None:
-    k = studies.add_parser(
-        "kv-compression", help="perplexity, top-1 agreement, KV bytes and latency vs retention",
-        description="Scores the fixed perplexity protocol with a KV cache that keeps only a "
-                    "fraction r of each sequence's tokens (eviction policy), optionally stored "
-                    "as int8, against the uncompressed fp32 cache; times decode steps per r.")
+    add_kv_args(studies.add_parser("kv-compression", help=KV_HELP, description=KV_DESCRIPTION))
+
+
+def add_kv_args(k: argparse.ArgumentParser) -> None:
+    """The KV-compression study's options (also `tightfit eval kv`)."""
     add_model_args(k)  # --kv-dtype here = the compressed cache's storage (baseline stays fp32)
     k.add_argument("--windows", type=int, default=2, help="protocol windows (default: 2)")
     k.add_argument("--window-tokens", type=int, default=512,
@@ -188,7 +194,7 @@ def _register_kv(studies: argparse._SubParsersAction) -> None:
     k.add_argument("--latency-repeats", type=int, default=10,
                    help="timed decode steps per row, median reported (default: 10)")
     k.add_argument("--json", action="store_true", help="print one JSON object")
-    k.set_defaults(func=run)
+    k.set_defaults(func=run_kv)
 
 
 def parse_ratios(text: str | None, step: float | None) -> list[float] | None:
@@ -218,9 +224,11 @@ def parse_policies(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if getattr(args, "study", None) is None:
-        args.study_parser.print_help()
-        return 2
+    args.study_parser.print_help()  # a study's own parser sets its func
+    return 2
+
+
+def run_kv(args: argparse.Namespace) -> int:
     ratios = parse_ratios(args.ratios, args.step)  # validate before the (slow) model load
     policies = parse_policies(args.policy)
     from rich.console import Console

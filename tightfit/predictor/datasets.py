@@ -12,6 +12,7 @@ import os
 import re
 from collections import Counter
 from dataclasses import dataclass, replace
+from typing import Any
 from pathlib import Path
 
 from tightfit.predictor import architectures, formats, hardware
@@ -201,3 +202,73 @@ def load_all(directory: Path | None = None) -> tuple[list[Observation], Counter[
     fits = [Observation(o.scenario, "fits", 1.0, o.device_key, o.model_key, "llmfit")
             for o in relabelled]
     return load_apple(directory) + relabelled + fits + load_design(directory), dropped
+
+
+# --- tightfit's own measurements (the bench's JSONL dataset) -----------------------------------
+
+_BACKEND_ENGINE = {"tightfit": "tightfit", "hf": "hf-transformers", "llamacpp": "llama.cpp",
+                   "llama.cpp": "llama.cpp", "tightfit-server": "tightfit"}
+
+
+def _own_quant(weight_format: str, file_format: str | None) -> str:
+    """The bench's weight-format names -> the predictor's; "native" = as stored in the GGUF."""
+    if weight_format == "native" and file_format and file_format.startswith("gguf:"):
+        return file_format.split(":", 1)[1].lower()
+    return {"fp32": "f32"}.get(weight_format, weight_format)
+
+
+def own_device(hw: Any) -> DeviceSpec:
+    """This machine as the bench fingerprinted it: measured bandwidth and matmul rate, the
+    threads the run used as its cores."""
+    cores = hw.threads_used or hw.cpu_cores_physical or 1
+    gflops = hw.matmul_gflops or 50.0 * cores
+    bw = hw.memory_bandwidth_gbps or 20.0
+    return DeviceSpec(f"{hw.cpu_model} x{cores} ({hw.machine_id})", "cpu",
+                      hw.memory_total_gib or 16.0, bw, gflops / 1000.0, cores, 8, True, bw,
+                      None, bw, 1, cores)
+
+
+def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:
+    """Single-stream runs of tightfit's dataset -> observations (decode tok/s, prefill tok/s,
+    TTFT, peak memory). Rules, each counted: failed runs, runs with more than one stream (the
+    predictor's contract is batch 1 here), runs the harness flagged as contended."""
+    from tightfit.data import read_measurements
+
+    dropped: Counter[str] = Counter()
+    out: list[Observation] = []
+    for m in read_measurements([str(p) for p in paths]).measurements:
+        w, c, r, md = m.workload, m.config, m.results, m.model
+        if m.status != "ok" or r is None:
+            dropped["failed run"] += 1
+            continue
+        if (w.concurrency or 1) > 1 or w.num_requests > 1 or w.scenario != "decode":
+            dropped["more than one request or stream"] += 1
+            continue
+        if m.contended:
+            dropped["contended machine (load from other processes)"] += 1
+            continue
+        engine = _BACKEND_ENGINE.get(c.backend)
+        if engine is None:
+            dropped[f"backend {c.backend}"] += 1
+            continue
+        model = architectures.ModelSpec(
+            md.name, md.params_b, md.params_b, md.n_layers, md.hidden_size, md.n_heads,
+            md.n_kv_heads, md.vocab_size, md.intermediate_size, md.head_dim)
+        quant = _own_quant(md.weight_format, md.file_format)
+        bpw = formats.bits_per_weight(quant)
+        prompt = int(w.prompt_tokens_mean)
+        gen = max(1, int(r.output_tokens_total or 1))
+        wl = Workload(prompt, gen, 1, prompt + gen)
+        device = own_device(m.hardware)
+        sc = Scenario(f"tightfit-{m.id}", device, model, quant, bpw, engine, wl)
+        key = hardware.normalise_name(device.name)
+        values = {"decode_tok_s": r.decode_tok_s, "prefill_tok_s": r.prefill_tok_s,
+                  "ttft_s": r.ttft_s_p50,
+                  "peak_memory_gb": None if r.peak_rss_mib is None else r.peak_rss_mib / 1024}
+        if prompt < 128:  # prefill rate of a short prompt is mostly fixed overhead
+            values["prefill_tok_s"] = None
+        for metric, value in values.items():
+            if value is not None and value > 0:
+                out.append(Observation(sc, metric, float(value), key, model_key(md.name),
+                                       "tightfit"))
+    return out, dropped

@@ -10,15 +10,23 @@ from typing import Any
 
 from tightfit.predictor import datasets, evaluate, features
 
-SOURCES = {"all": None, "apple": ["apple"], "llmfit": ["llmfit"], "design": ["design"]}
+SOURCES = {"all": None, "apple": ["apple"], "llmfit": ["llmfit"], "design": ["design"],
+           "tightfit": ["tightfit"]}
 
 
 BRIEF = features.BRIEF_FEATURES
 
 
 def run(splits: tuple[str, ...] = ("device", "model"), screen: bool = True,
-        model_folds: int = 10, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+        model_folds: int = 10, exclude: tuple[str, ...] = (),
+        measurements: tuple[str, ...] = ()) -> dict[str, Any]:
+    """`measurements`: tightfit dataset files (JSONL) whose single-stream runs join the shared
+    tables; their device is this machine at the thread count used."""
     obs, rules = datasets.load_all()
+    if measurements:
+        own, own_rules = datasets.load_own(list(measurements))
+        obs = obs + own
+        rules.update({f"tightfit data: {k}": v for k, v in own_rules.items()})
     out: dict[str, Any] = {"rules": dict(rules), "n_observations": len(obs),
                            "screen": screen, "excluded_features": list(exclude)}
     out["naive"] = {k: evaluate.summarise_naive(obs, v) for k, v in SOURCES.items()}

@@ -208,3 +208,19 @@ def test_damaged_int4_weights_are_rejected() -> None:
         Int4Linear.from_weights(replace(qw, codes=qw.codes + 16))
     with pytest.raises(TightfitError, match="group size 32"):
         Int4Linear.from_weights(replace(qw, group_size=32))
+
+
+@pytest.mark.parametrize("compute", ["bf16", "fp32"])
+def test_int8_linear_copies_misaligned_weights_instead_of_crashing(compute):
+    """The int8 kernel crashes the process on weights not 64-byte aligned: such a tensor (here a
+    view one byte into a buffer, as a file read at an odd offset gives) is copied first."""
+    w = _rand(96, 64)
+    ref = Int8Linear.from_float(w, compute=compute)
+    buf = torch.zeros(96 * 64 + 1, dtype=torch.int8)
+    q = buf[1:].view(96, 64)
+    q.copy_(ref.weight_int8)
+    assert q.data_ptr() % 64 != 0
+    mod = Int8Linear(q, ref.scales.float(), compute=compute)
+    assert mod.weight_int8.data_ptr() % 64 == 0
+    x = _rand(3, 64, seed=1)
+    assert torch.equal(mod(x), ref(x))

@@ -132,6 +132,16 @@ class _PackedLinear(nn.Module):
                 f"compute={self.compute}")
 
 
+ALIGNMENT = 64
+
+
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """t itself if its data starts on a 64-byte boundary, else an aligned copy: PyTorch's int8
+    kernel crashes the process on misaligned weights (a row slice of a larger tensor, or a tensor
+    read at an arbitrary file offset); fresh allocations are aligned."""
+    return t if t.data_ptr() % ALIGNMENT == 0 else t.clone()
+
+
 class Int8Linear(_PackedLinear):
     """y = x @ (q * scale).T + bias with int8 weights, one scale per output channel."""
 
@@ -146,7 +156,7 @@ class Int8Linear(_PackedLinear):
                                 f"{tuple(q.shape)}")
         out_f, in_f = q.shape
         super().__init__(in_f, out_f, bias, _inverse_scale(input_scale, in_f), compute)
-        self.register_buffer("weight_int8", q.contiguous())
+        self.register_buffer("weight_int8", aligned(q.contiguous()))
         self.register_buffer("scales", _optional_buffer(scales, out_f, "scales").to(self._dtype))
         self._alias_buffers()
 

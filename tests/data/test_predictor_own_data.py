@@ -1,0 +1,57 @@
+"""tightfit's own dataset as predictor observations: which runs become which observations, and
+what each filter rule drops (counted, so the evaluation report can say why)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tightfit.predictor import datasets
+
+
+def _write(tmp_path, rows):
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _decode_row(make_row, rid, **changes):
+    base = {"id": rid, "run_key": rid, "workload.scenario": "decode", "workload.num_requests": 1,
+            "workload.prompt_tokens_mean": 512.0, "results.output_tokens_total": 32,
+            "results.decode_tok_s": 18.0, "results.prefill_tok_s": 400.0,
+            "results.ttft_s_p50": 1.3, "results.peak_rss_mib": 900.0}
+    return make_row(**{**base, **changes})
+
+
+def test_single_stream_runs_become_observations(tmp_path, make_row):
+    rows = [_decode_row(make_row, "a"),
+            _decode_row(make_row, "b", **{"config.backend": "hf", "model.weight_format": "fp32",
+                                          "workload.prompt_tokens_mean": 16.0}),
+            _decode_row(make_row, "c", **{"model.weight_format": "native"}),
+            make_row(id="d", run_key="d"),  # chat, two requests: not single-stream
+            _decode_row(make_row, "e", contended=True),
+            _decode_row(make_row, "f", status="failed", error="boom", results=None)]
+    obs, dropped = datasets.load_own([_write(tmp_path, rows)])
+    by = {(o.scenario.id.split("-", 1)[1], o.metric): o for o in obs}
+    a = {m: by[("a", m)].value for m in ("decode_tok_s", "prefill_tok_s", "ttft_s",
+                                          "peak_memory_gb")}
+    assert a == {"decode_tok_s": 18.0, "prefill_tok_s": 400.0, "ttft_s": 1.3,
+                 "peak_memory_gb": pytest.approx(900 / 1024)}
+    sa = by[("a", "decode_tok_s")].scenario
+    assert (sa.engine, sa.quant, sa.device.kind, sa.device.cpu_cores) == ("tightfit", "f32",
+                                                                          "cpu", 2)
+    assert sa.device.bandwidth_gbps == 20.0 and sa.model.n_layers == 30
+    assert (sa.workload.prompt_tokens, sa.workload.gen_tokens, sa.workload.batch) == (512, 32, 1)
+    assert by[("b", "decode_tok_s")].scenario.engine == "hf-transformers"
+    assert ("b", "prefill_tok_s") not in by  # a 16-token prompt's rate is mostly overhead
+    assert by[("c", "decode_tok_s")].scenario.quant == "q4_1"  # native = the GGUF's own blocks
+    assert dropped == {"more than one request or stream": 1, "failed run": 1,
+                       "contended machine (load from other processes)": 1}
+
+
+def test_own_observations_are_predictable(tmp_path, make_row):
+    from tightfit.predictor.evaluate import analytic_only
+
+    obs, _ = datasets.load_own([_write(tmp_path, [_decode_row(make_row, "a")])])
+    for _o, p in analytic_only(obs):
+        assert p.decode_tok_s > 0 and p.peak_memory_gb > 0
