@@ -155,6 +155,30 @@ def test_preemption_modes_keep_greedy_output_identical(default_llm, solo, mode):
     assert [o.token_ids for o in outs] == solo
 
 
+def test_swap_of_int8_kv_is_exact(default_llm):
+    """int8 KV swaps its codes and scales as stored: output equals an unpreempted int8 run.
+    One thread: with two, the matmuls' split depends on the batch, and int8 rounding can turn
+    those last-bit differences into another token (measured: batch-of-4 vs alone differ)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _int8_swap_check(default_llm)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _int8_swap_check(default_llm):
+    alone = default_llm.derive(kv_dtype="int8")
+    ref = [o.token_ids for o in alone.generate(PROMPTS, GREEDY)]
+    tiny = default_llm.derive(num_blocks=10, block_size=4, preemption_mode="swap",
+                              kv_dtype="int8", tiers=(("all", 2048, 1.0),))
+    outs = tiny.generate(PROMPTS, GREEDY, priorities=[3, 2, 1, 0])
+    assert tiny.engine.scheduler.num_swaps > 0
+    assert [o.token_ids for o in outs] == ref
+
+
 def test_priority_preemption_through_the_engine_keeps_outputs(default_llm, solo):
     llm = default_llm.derive(num_blocks=9, block_size=4, tiers=(("all", 2048, 1.0),))
     eng = llm.engine

@@ -27,7 +27,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     c.add_argument("--all", action="store_true", help="list every check, not only failures")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.set_defaults(func=run_check)
+    e = sub.add_parser(
+        "export", help="write the dataset as one Parquet file (for pandas, DuckDB, Spark)",
+        description="Flattens every measurement (dotted column names such as "
+                    "results.ttft_s_p50; lists and maps as JSON text) into one Parquet table. "
+                    "The JSONL files stay the source of truth: append-only and crash-safe.")
+    e.add_argument("output", type=Path, help="the .parquet file to write")
+    e.add_argument("paths", nargs="*", type=Path,
+                   help="JSONL files or directories (default: the dataset directory)")
+    e.add_argument("--sweep", default=None, help="only rows of this sweep name")
+    e.set_defaults(func=run_export)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from tightfit.bench.session import default_store_dir
+    from tightfit.data.store import flatten
+
+    if args.output.suffix != ".parquet":
+        raise TightfitError(f"output {str(args.output)!r} should end in .parquet")
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise TightfitError("Parquet export needs pyarrow: pip install -e .[parquet]") from None
+    rows, skipped = _load(args.paths or [default_store_dir()], args.sweep)
+    if not rows:
+        raise TightfitError("no measurements to export (empty files, or none for that --sweep)")
+    flat = [flatten(m) for m in rows]
+    columns = sorted({k for r in flat for k in r})
+    data = {c: [_cell(r.get(c)) for r in flat] for c in columns}
+    table = pa.table(data)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, args.output)
+    print(f"{len(rows)} measurements, {len(columns)} columns -> {args.output}"
+          + (f" ({len(skipped)} unreadable lines skipped)" if skipped else ""))
+    return 0
+
+
+def _cell(value: object) -> object:
+    """Parquet columns need one type: nested values become JSON text."""
+    return json.dumps(value, sort_keys=True) if isinstance(value, (list, dict)) else value
 
 
 def _load(paths: list[Path], sweep: str | None) -> tuple[list, list[str]]:

@@ -65,8 +65,7 @@ class LLMEngine:
         self.pool = BlockPool(blocks, cache.block_size, cache.enable_prefix_caching)
         self.runner = ModelRunner(model, config.model, cache, blocks, config.attention)
         # Swap copies plain fp32 cache tensors; int8 KV preempts by recompute only.
-        swap_slots = (cache.swap_bytes // self.runner.block_bytes
-                      if cache.swap_bytes and cache.kv_dtype == "fp32" else 0)
+        swap_slots = cache.swap_bytes // self.runner.block_bytes if cache.swap_bytes else 0
         memory = MemoryPool(self.pool, make_tiers(cache.tiers, self.max_model_len), swap_slots)
         self.scheduler = Scheduler(config.scheduler, self.pool, memory=memory,
                                    idle_ttl_s=cache.idle_ttl_s)

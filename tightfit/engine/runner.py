@@ -9,12 +9,14 @@ from __future__ import annotations
 import mmap
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 import torch
 
 from tightfit.config import CacheConfig, ModelConfig
-from tightfit.engine.attention import AttentionGroup, AttentionMetadata, make_kv_cache
+from tightfit.engine.attention import (AttentionGroup, AttentionMetadata, Int8KVCache,
+                                       make_kv_cache)
 from tightfit.engine.scheduler import ScheduledSeq, SchedulerOutput
 
 
@@ -182,32 +184,49 @@ class ModelRunner:
 class SwapSpace:
     """A disk-backed (temporary file, memory-mapped) area holding preempted sequences' KV
     blocks, so that under a RAM budget they leave resident memory instead of being recomputed.
-    One slot holds one block of every layer's K and V. On a GPU this would be host memory."""
+    One slot holds one block of every cache tensor: K and V of every layer, and for an int8
+    cache its codes and scales, copied as stored (a swap round trip is exact). On a GPU this
+    would be host memory."""
 
-    def __init__(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], num_slots: int) -> None:
-        k0 = kv_caches[0][0]
-        self.kv_caches = kv_caches
-        self._file = tempfile.TemporaryFile(prefix="tightfit-swap-")
-        shape = (num_slots, len(kv_caches), 2, *k0.shape[1:])
-        self._file.truncate(int(np.prod(shape)) * 4)  # sparse: disk is used as slots fill
-        self._map = np.memmap(self._file, dtype=np.float32, mode="r+", shape=shape)
-        self.area = torch.from_numpy(self._map)
+    def __init__(self, kv_caches: list[tuple[Any, Any]], num_slots: int) -> None:
+        tensors = [t for pair in kv_caches for cache in pair for t in _block_tensors(cache)]
+        groups: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+        for t in tensors:  # one mapped array per (dtype, block shape)
+            groups.setdefault((t.dtype, tuple(t.shape[1:])), []).append(t)
+        self._files, self._maps, self.areas = [], [], []
+        for (dtype, block_shape), members in groups.items():
+            f = tempfile.TemporaryFile(prefix="tightfit-swap-")
+            shape = (num_slots, len(members), *block_shape)
+            np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+            f.truncate(int(np.prod(shape)) * np_dtype.itemsize)  # sparse: disk used as slots fill
+            m = np.memmap(f, dtype=np_dtype, mode="r+", shape=shape)
+            self._files.append(f)
+            self._maps.append(m)
+            self.areas.append((torch.from_numpy(m), members))
 
     def _drop_resident(self) -> None:
         # The mapping is shared and file-backed: dropping our pages keeps the data (page cache,
         # then disk) but takes it out of this process's resident set, which the budget counts.
-        self._map._mmap.madvise(mmap.MADV_DONTNEED)  # type: ignore[attr-defined]
+        for m in self._maps:
+            m._mmap.madvise(mmap.MADV_DONTNEED)  # type: ignore[attr-defined]
 
     def store(self, blocks: list[int], slots: list[int]) -> None:
         b, s = torch.tensor(blocks), torch.tensor(slots)
-        for layer, (k, v) in enumerate(self.kv_caches):
-            self.area[s, layer, 0] = k[b]
-            self.area[s, layer, 1] = v[b]
+        for area, members in self.areas:
+            for i, t in enumerate(members):
+                area[s, i] = t[b]
         self._drop_resident()
 
     def load(self, slots: list[int], blocks: list[int]) -> None:
         b, s = torch.tensor(blocks), torch.tensor(slots)
-        for layer, (k, v) in enumerate(self.kv_caches):
-            k[b] = self.area[s, layer, 0]
-            v[b] = self.area[s, layer, 1]
+        for area, members in self.areas:
+            for i, t in enumerate(members):
+                t[b] = area[s, i]
         self._drop_resident()
+
+
+def _block_tensors(cache: Any) -> list[torch.Tensor]:
+    """The raw tensors of one K or V cache, each indexed by block first."""
+    if isinstance(cache, Int8KVCache):
+        return [cache.codes, cache.scale]
+    return [cache]
