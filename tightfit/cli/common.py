@@ -23,6 +23,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="hard memory budget for the whole process, e.g. 1.5GiB: weights, "
                         "runtime and activations are measured/estimated and the KV pool gets "
                         "the rest (overrides --kv-cache-memory); refused if the model cannot fit")
+    g.add_argument("--kv-tiers", default=None, metavar="NAME:MAX_LEN:SHARE,...",
+                   help="KV pool length tiers, e.g. short:512:0.3,long:2048:0.7 (a request goes "
+                        "to the smallest tier that holds prompt + max_tokens; an idle tier's "
+                        "blocks are borrowed; default: short:512:0.5,long:2048:0.5)")
     g.add_argument("--kv-dtype", choices=("fp32", "int8"), default="fp32",
                    help="KV cache storage: fp32, or int8 with per-token, per-head scales "
                         "(~3.8x more tokens in the same memory; default: fp32)")
@@ -39,9 +43,37 @@ def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
+def parse_tiers(text: str | None) -> tuple[tuple[str, int, float], ...] | None:
+    """"short:512:0.3,long:2048:0.7" -> (("short", 512, 0.3), ("long", 2048, 0.7))."""
+    from tightfit.engine.memory_pool import Tier
+    from tightfit.errors import TightfitError
+
+    if text is None:
+        return None
+    tiers = []
+    for part in text.split(","):
+        bits = part.strip().split(":")
+        try:
+            name, max_len, share = bits[0], int(bits[1]), float(bits[2])
+            if len(bits) != 3 or not name:
+                raise ValueError
+        except (ValueError, IndexError):
+            raise TightfitError(f"cannot read KV tier {part!r}: use NAME:MAX_LEN:SHARE, e.g. "
+                                "short:512:0.3") from None
+        Tier(name, max_len, share)  # validates: max_len >= 1, share in (0, 1]
+        tiers.append((name, max_len, share))
+    if sum(t[2] for t in tiers) > 1 + 1e-9:
+        raise TightfitError(f"KV tier shares add up to {sum(t[2] for t in tiers):g} in "
+                            f"{text!r}: they must total at most 1")
+    return tuple(tiers)
+
+
 def build_llm(args: argparse.Namespace, **extra: Any) -> Any:
     from tightfit import LLM
 
+    tiers = parse_tiers(getattr(args, "kv_tiers", None))
+    if tiers is not None:
+        extra.setdefault("tiers", tiers)
     return LLM(model=args.model, quant=args.quant, num_threads=args.threads,
                max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory,
                kv_dtype=getattr(args, "kv_dtype", "fp32"),

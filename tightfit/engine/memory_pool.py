@@ -20,8 +20,10 @@ class Tier:
     share: float  # fraction of the KV blocks reserved for it
 
     def __post_init__(self) -> None:
-        if self.max_len < 1 or not 0 < self.share <= 1:
-            raise TightfitError(f"tier {self.name!r}: max_len must be >= 1 and share in (0, 1]")
+        if self.max_len < 1:
+            raise TightfitError(f"tier {self.name!r}: max_len must be >= 1, got {self.max_len}")
+        if not 0 < self.share <= 1:
+            raise TightfitError(f"tier {self.name!r}: share must be in (0, 1], got {self.share}")
 
 
 DEFAULT_TIERS = (Tier("short", 512, 0.5), Tier("long", 2048, 0.5))
