@@ -51,8 +51,10 @@ def test_check_fails_on_does_not_fit(tmp_path, row) -> None:
 
 def test_calibrate_then_predict_local(tmp_path, row, capsys) -> None:
     prof = tmp_path / "device.json"
-    assert main(["calibrate", "--output", str(prof), "--size-mb", "16", "--matrix", "128"]) == 0
+    assert main(["calibrate", "--output", str(prof), "--size-mb", "16", "--matrix", "128",
+                 "--no-engine"]) == 0
     data = json.loads(prof.read_text())
+    assert data["engine_runs"] == []
     assert data["device"]["bandwidth_gbps"] > 0.1 and data["device"]["kind"] == "cpu"
     row["hardware"] = {"name": "local"}
     row["model"] = {"name": "SmolLM2-135M"}
@@ -60,6 +62,32 @@ def test_calibrate_then_predict_local(tmp_path, row, capsys) -> None:
     assert main(["predict", "-i", _write(tmp_path, [row])]) == 0
     (out,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()[-1:]]
     assert out["fits"] is True and out["decode_tok_s"] > 0
+
+
+def test_calibration_engine_run_corrects_local_tightfit_predictions(tmp_path, row, capsys):
+    """A real engine run (embedded model, native weights) is stored in the profile; predicting
+    that same run for "local" then gives what was measured, and other engines stay uncorrected."""
+    prof = tmp_path / "device.json"
+    assert main(["calibrate", "--output", str(prof), "--size-mb", "16", "--matrix", "128",
+                 "--threads", "1"]) == 0
+    (run,) = json.loads(prof.read_text())["engine_runs"]
+    assert (run["engine"], run["model"], run["quant"], run["threads"]) == (
+        "tightfit", "smollm2-135m", "q4_1", 1)
+    assert run["decode_tok_s"] > 1 and run["prefill_tok_s"] > 1
+    capsys.readouterr()
+    rows = []
+    for engine in ("tightfit", "llama.cpp"):
+        r = dict(row, id=engine, hardware={"name": "local"}, model={"name": "SmolLM2-135M"},
+                 quant="Q4_1", engine=engine,
+                 workload={"prompt_tokens": 128, "gen_tokens": 32, "batch": 1})
+        rows.append(r)
+    assert main(["predict", "-i", _write(tmp_path, rows)]) == 0
+    out = {o["id"]: o for o in map(json.loads, capsys.readouterr().out.splitlines())}
+    tf, lc = out["tightfit"], out["llama.cpp"]
+    assert tf["decode_tok_s"] == pytest.approx(run["decode_tok_s"], rel=0.01)
+    assert tf["prefill_tok_s"] == pytest.approx(run["prefill_tok_s"], rel=0.01)
+    assert any("calibration run" in n for n in tf["notes"])
+    assert not any("calibration run" in n for n in lc["notes"])
 
 
 def test_local_without_profile_names_the_fix(tmp_path, row, capsys) -> None:

@@ -1,5 +1,7 @@
-"""`tightfit calibrate`: measure this machine's memory bandwidth and matmul rate and store a device
-profile; `tightfit predict` then accepts hardware name "local" or "this"."""
+"""`tightfit calibrate`: measure this machine's memory bandwidth and matmul rate, run the engine
+briefly on the embedded model, and store a device profile; `tightfit predict` then accepts
+hardware name "local" or "this", and predictions for the tightfit engine there are scaled by how
+the calibration run compared with its own prediction (tightfit/predictor/local.py)."""
 from __future__ import annotations
 
 import argparse
@@ -18,8 +20,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                                           "or $TIGHTFIT_DEVICE_PROFILE)")
     p.add_argument("--size-mb", type=int, default=256, help="copy buffer size in MB (default 256)")
     p.add_argument("--matrix", type=int, default=1024, help="GEMM side length (default 1024)")
+    p.add_argument("--no-engine", action="store_true",
+                   help="skip the short engine run (about 10 s: load the embedded model, one "
+                        "128-token prompt, 32 generated tokens)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads for the engine run (default: all cores)")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
     p.set_defaults(func=run)
+
+
+ENGINE_PROMPT_TOKENS = 128
+ENGINE_GEN_TOKENS = 32
+
+
+def engine_run(threads: int | None) -> dict[str, object]:
+    """One short run of tightfit on the embedded model with its stored (native) weights: the
+    best of two for decode and prefill rates."""
+    from tightfit import LLM, SamplingParams
+    from tightfit.studies.workload_driver import corpus_ids
+
+    llm = LLM(quant="native", num_threads=threads)
+    ids = corpus_ids(llm.tokenizer)
+    params = SamplingParams(max_tokens=ENGINE_GEN_TOKENS, ignore_eos=True)
+    best: dict[str, float] = {"decode_tok_s": 0.0, "prefill_tok_s": 0.0}
+    for i in range(3):  # the first warms up
+        out = llm.derive(enable_prefix_caching=False).generate(
+            [ids[1000 * i:1000 * i + ENGINE_PROMPT_TOKENS]], params)[0]
+        if i == 0:
+            continue
+        best["decode_tok_s"] = max(best["decode_tok_s"], out.decode_tok_s or 0.0)
+        best["prefill_tok_s"] = max(best["prefill_tok_s"], ENGINE_PROMPT_TOKENS / out.ttft_s)
+    gguf_type = llm.loaded.path.name.rsplit(".", 2)[-2].lower()  # SmolLM2-...Q4_1.gguf -> q4_1
+    return {"engine": "tightfit", "model": "smollm2-135m", "quant": gguf_type,
+            "threads": llm.num_threads, "prompt_tokens": ENGINE_PROMPT_TOKENS,
+            "gen_tokens": ENGINE_GEN_TOKENS,
+            **{k: round(v, 2) for k, v in best.items()}}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,11 +66,17 @@ def run(args: argparse.Namespace) -> int:
     if not 64 <= args.matrix <= 16384:
         raise TightfitError(f"--matrix {args.matrix} is out of range; use 64..16384")
     path = Path(args.output) if args.output else device_profile_path()
+    if args.threads is not None and args.threads < 1:
+        raise TightfitError(f"--threads must be >= 1, got {args.threads}")
     spec = calibrate.measure(args.size_mb, args.matrix)
-    payload = calibrate.save_profile(spec, path)
+    runs = [] if args.no_engine else [engine_run(args.threads)]
+    payload = calibrate.save_profile(spec, path, runs)
     if args.json:
         print(json.dumps(payload, indent=1))
     else:
         print(f"{spec.name}: {spec.bandwidth_gbps} GB/s copy, {spec.fp16_tflops * 1000:.0f} "
               f"GFLOP/s fp32 matmul, {spec.memory_gb} GiB RAM -> {path}")
+        for r in runs:
+            print(f"engine run: {r['engine']} {r['model']} {r['quant']}, {r['threads']} threads: "
+                  f"decode {r['decode_tok_s']} tok/s, prefill {r['prefill_tok_s']} tok/s")
     return 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from tightfit.predictor import artefact, core
+from tightfit.predictor import artefact, core, local
 from tightfit.predictor.models import PredictorModel
 from tightfit.predictor.scenario import RowError, parse_row
 
@@ -33,7 +33,10 @@ def predict_one(row: Any, model: PredictorModel | None = None) -> dict[str, Any]
     try:
         scenario = parse_row(row)
         observed = row.get("observed") if isinstance(row.get("observed"), dict) else None
-        return to_json(core.predict_scenario(scenario, model or artefact.load(), observed))
+        m = model or artefact.load()
+        pred = core.predict_scenario(scenario, m, observed)
+        f, note = local.factors(scenario, lambda s: core.predict_scenario(s, m))
+        return to_json(local.apply(pred, f, note) if note else pred)
     except RowError as exc:
         return {"id": rid, "error": {"field": exc.field, "message": str(exc)}}
 

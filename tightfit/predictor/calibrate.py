@@ -1,6 +1,6 @@
 """Measure this machine (memory bandwidth by a numpy copy, matmul rate by a numpy fp32 GEMM) and
-write a device profile that `predict` uses for hardware "local"/"this". Does not run an engine:
-the short engine run of the issue is left to `tightfit bench` (the engine is a separate layer).
+write a device profile that `predict` uses for hardware "local"/"this". The short engine run is
+done by the CLI (`tightfit calibrate`, which may import torch) and stored here as `engine_runs`.
 """
 from __future__ import annotations
 
@@ -60,9 +60,11 @@ def measure(mb: int = 256, n: int = 1024) -> DeviceSpec:
                       8, True, round(bw, 2), None, round(bw, 2), 1, cores)
 
 
-def save_profile(spec: DeviceSpec, path: Path) -> dict[str, object]:
+def save_profile(spec: DeviceSpec, path: Path,
+                 engine_runs: list[dict[str, object]] | None = None) -> dict[str, object]:
     payload = {"device": asdict(spec), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-               "method": {"bandwidth": "numpy copyto, read+write bytes", "matmul": "numpy fp32 GEMM"}}
+               "method": {"bandwidth": "numpy copyto, read+write bytes", "matmul": "numpy fp32 GEMM"},
+               "engine_runs": engine_runs or []}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1))
     return payload

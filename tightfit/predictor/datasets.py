@@ -22,6 +22,7 @@ from tightfit.predictor.scenario import Scenario, Workload
 APPLE_FILE = "llamacpp_4167_apple_silicon_llama2_7b.tsv"
 LLMFIT_FILE = "llmfit_community_benchmarks.tsv"
 DESIGN_FILE = "design_reference.tsv"
+OWN_FILE = "tightfit_cpu_2core.jsonl"  # copy of data/measurements/cpu-2core.jsonl (bench sweep)
 MIN_OVER_AVG = 0.5       # rule: unstable run if the slowest repetition < half the average
 MAX_BW_UTIL = 1.15       # rule: physically impossible if implied bandwidth > 115% of peak
 
@@ -43,8 +44,10 @@ def data_dir() -> Path:
 
 def data_hash(directory: Path | None = None) -> str:
     h = hashlib.sha256()
-    for name in (APPLE_FILE, LLMFIT_FILE, DESIGN_FILE):
-        h.update((Path(directory or data_dir()) / name).read_bytes())
+    for name in (APPLE_FILE, LLMFIT_FILE, DESIGN_FILE, OWN_FILE):
+        path = Path(directory or data_dir()) / name
+        if path.is_file() or name != OWN_FILE:
+            h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -201,7 +204,12 @@ def load_all(directory: Path | None = None) -> tuple[list[Observation], Counter[
             o.device_key == key for o in decode)
     fits = [Observation(o.scenario, "fits", 1.0, o.device_key, o.model_key, "llmfit")
             for o in relabelled]
-    return load_apple(directory) + relabelled + fits + load_design(directory), dropped
+    own: list[Observation] = []
+    own_path = Path(directory or data_dir()) / OWN_FILE
+    if own_path.is_file():
+        own, own_dropped = load_own([own_path])
+        dropped.update({f"tightfit data: {k}": v for k, v in own_dropped.items()})
+    return load_apple(directory) + relabelled + fits + load_design(directory) + own, dropped
 
 
 # --- tightfit's own measurements (the bench's JSONL dataset) -----------------------------------

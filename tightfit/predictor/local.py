@@ -1,0 +1,81 @@
+"""Predictions for this machine ("local"/"this") corrected by the calibration's engine run.
+
+`tightfit calibrate` stores, next to the measured bandwidth and matmul rate, a short run of a
+real engine (decode and prefill rates of a known model). For a scenario on the local device and
+the same engine, the predictor's own prediction of that calibration run is compared with what
+was measured, and the ratio (clipped to [1/4, 4]) scales the scenario's decode and prefill
+predictions: the machine's quirks the specs miss (threading, kernels, contention at calibration
+time) carry over to models it has not run. Pure: no torch.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from tightfit.predictor import architectures, formats
+from tightfit.predictor.scenario import Scenario, Workload, device_profile_path
+
+MAX_FACTOR = 4.0
+LOCAL_NOTE = "hardware from the local device profile"
+
+
+def engine_runs() -> list[dict[str, Any]]:
+    path = device_profile_path()
+    try:
+        return list(json.loads(path.read_text()).get("engine_runs") or [])
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def calibration_scenario(s: Scenario, run: dict[str, Any]) -> Scenario | None:
+    model = architectures.lookup(str(run.get("model", "")))
+    if model is None:
+        return None
+    quant = str(run["quant"])
+    wl = Workload(int(run["prompt_tokens"]), int(run["gen_tokens"]), 1,
+                  int(run["prompt_tokens"]) + int(run["gen_tokens"]))
+    return replace(s, id=f"{s.id}:calibration", model=model, quant=quant,
+                   bits_per_weight=formats.bits_per_weight(quant), workload=wl, notes=())
+
+
+def factors(s: Scenario, predict: Any) -> tuple[dict[str, float], str | None]:
+    """(metric -> measured/predicted factor, note) for a local scenario; ({}, None) if none."""
+    if LOCAL_NOTE not in s.notes:
+        return {}, None
+    for run in engine_runs():
+        if run.get("engine") != s.engine:
+            continue
+        cal = calibration_scenario(s, run)
+        if cal is None:
+            continue
+        p = predict(cal)
+        out: dict[str, float] = {}
+        for metric in ("decode_tok_s", "prefill_tok_s"):
+            measured, predicted = run.get(metric), getattr(p, metric)
+            if measured and predicted:
+                out[metric] = max(1 / MAX_FACTOR, min(MAX_FACTOR, measured / predicted))
+        if out:
+            text = ", ".join(f"{k} x{v:.2f}" for k, v in out.items())
+            return out, f"corrected by the calibration run of {run['model']} ({text})"
+    return {}, None
+
+
+def apply(p: Any, f: dict[str, float], note: str) -> Any:
+    """A Prediction with decode/prefill rates scaled by the calibration factors (TTFT, mostly
+    prefill on a CPU, scales with the prefill factor)."""
+    d, pf = f.get("decode_tok_s", 1.0), f.get("prefill_tok_s", 1.0)
+    interval = dict(p.interval)
+    for key, k in (("decode_tok_s", d), ("prefill_tok_s", pf)):
+        if key in interval:
+            lo, hi = interval[key]
+            interval[key] = (lo * k, hi * k)
+    if "tpot_s" in interval:
+        lo, hi = interval["tpot_s"]
+        interval["tpot_s"] = (lo / d, hi / d)
+    if "ttft_s" in interval:
+        lo, hi = interval["ttft_s"]
+        interval["ttft_s"] = (lo / pf, hi / pf)
+    return replace(p, decode_tok_s=p.decode_tok_s * d, tpot_s=p.tpot_s / d,
+                   prefill_tok_s=None if p.prefill_tok_s is None else p.prefill_tok_s * pf,
+                   ttft_s=p.ttft_s / pf, interval=interval, notes=tuple(p.notes) + (note,))
