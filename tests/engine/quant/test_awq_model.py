@@ -15,7 +15,8 @@ import torch
 import tightfit.engine.quant.awq_model as awq_model
 from tightfit.config import ModelConfig
 from tightfit.engine.quant.awq import search_scales
-from tightfit.engine.quant.awq_model import CalibrationSettings, build_awq_model, gram_search_scales
+from tightfit.engine.quant.awq_model import CalibrationSettings, build_awq_model
+from tightfit.engine.quant.awq_search import gram_search_scales
 from tightfit.engine.quant.linear import Int4Linear
 from tightfit.engine.quant.plan import PlanLinearFactory, PrecisionPlan, SplitLinear
 from tightfit.errors import TightfitError
@@ -107,7 +108,7 @@ def test_gram_search_equals_the_per_token_search(tokens: int) -> None:
 
 
 def test_range_search_beats_min_max_and_matches_the_quantiser() -> None:
-    from tightfit.engine.quant.awq_model import apply_range, gram_search_range
+    from tightfit.engine.quant.awq_search import apply_range, gram_search_range
     from tightfit.engine.quant.reference import fake_quantize_int4
 
     g = torch.Generator().manual_seed(1)

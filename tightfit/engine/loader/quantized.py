@@ -171,7 +171,7 @@ def _unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
 
 
 def _plan_spec(quant: str) -> str:
-    from tightfit.engine.quant.awq_model import plan_spec
+    from tightfit.engine.quant.awq_cache import plan_spec
     from tightfit.engine.quant.plan import PrecisionPlan
 
     return plan_spec(PrecisionPlan.parse(quant))

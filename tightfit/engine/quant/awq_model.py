@@ -24,16 +24,11 @@ Limits: a group mixing AWQ group sizes searches with its first member's group si
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -41,19 +36,17 @@ from tightfit.config import ModelConfig
 from tightfit.engine.attention import AttentionGroup, AttentionMetadata
 from tightfit.engine.models.layers import RMSNorm, Rotary
 from tightfit.engine.models.transformer import DecoderLayer, DecoderModel, dense_factory
-from tightfit.engine.quant.awq import (
-    AWQScaleResult, activation_mean_abs, apply_clip, scales_for_alpha, search_clip)
-from tightfit.engine.quant.formats import WeightFormat, padded_in_features
+from tightfit.engine.quant.awq import apply_clip, search_clip
+from tightfit.engine.quant.awq_cache import cache_key, cache_path, read_cache, write_cache
+from tightfit.engine.quant.awq_search import apply_range, gram_search_range, gram_search_scales
+from tightfit.engine.quant.formats import WeightFormat
 from tightfit.engine.quant.linear import Int4Linear, Int8Linear
 from tightfit.engine.quant.plan import PlanLinearFactory, PrecisionPlan, SplitLinear
-from tightfit.engine.quant.reference import (
-    INT4_LEVELS, fake_quantize_int4, pad_columns, quantize_int4, quantize_int8)
+from tightfit.engine.quant.reference import quantize_int4, quantize_int8
 from tightfit.errors import TightfitError
 
 log = logging.getLogger("tightfit.awq")
 
-# Bump when the search or its folding changes, so stale cache files are not reused.
-CACHE_VERSION = 2
 # Sequences per forward chunk during calibration: bounds the attention scores and MLP temporaries.
 _CHUNK_SEQUENCES = 8
 # Output-head search: a seeded subset of vocabulary rows and tokens keeps it to seconds.
@@ -144,16 +137,16 @@ def build_awq_model(cfg: ModelConfig, weights: dict[str, Any], plan: PrecisionPl
     writes the cache.
     """
     settings = settings or DEFAULT_CALIBRATION
-    key = _cache_key(weights, plan, settings)
-    path = _cache_path(key, plan)
-    cached = _read_cache(path, key)
+    key = cache_key(weights, plan, settings)
+    path = cache_path(key, plan)
+    cached = read_cache(path, key)
     t0 = time.perf_counter()
     if cached is None:
         log.info("AWQ calibration: %d x %d tokens, cache %s", settings.sequences,
                  settings.tokens, path)
         model, found = _Builder(cfg, weights, plan, settings, tokenizer).build()
         elapsed = time.perf_counter() - t0
-        _write_cache(path, {"key": key, "search": found, "seconds": elapsed})
+        write_cache(path, {"key": key, "search": found, "seconds": elapsed})
         log.info("AWQ calibration took %.1f s", elapsed)
     else:
         model, _ = _Builder(cfg, weights, plan, settings, None, cached["search"]).build()
@@ -400,103 +393,6 @@ class _Builder:
         return res.scales
 
 
-# -- scale search ----------------------------------------------------------------------------
-
-def gram_search_scales(weights: list[torch.Tensor], x: torch.Tensor, group_size: int, *,
-                       n_grid: int = 20, max_tokens: int = 4096, seed: int = 0) -> AWQScaleResult:
-    """awq.search_scales' grid search over alpha, with the loss computed from the weight error
-    and (when there are more tokens than inputs) the inputs' Gram matrix.
-
-    With E = Q(W * s) / s - W (the weight error seen from the unscaled input) the loss
-    mean((x/s) @ Q(W*s).T - x @ W.T)^2 equals sum(E @ C * E) / (tokens * out) for C = X.T @ X:
-    one [out, in] x [in, in] product per alpha instead of [tokens, in] x [in, out] (2-4x fewer
-    flops at equal tokens for these shapes, and no cancellation between two large outputs).
-    mean|x| uses every token, C at most `max_tokens` tokens drawn with `seed`.
-    """
-    w = torch.cat([wi.detach().to(torch.float32) for wi in weights])
-    x2 = x.detach().reshape(-1, x.shape[-1]).to(torch.float32)
-    if w.shape[1] != x2.shape[1]:
-        raise TightfitError(f"weights take {w.shape[1]} inputs, activations have {x2.shape[1]}")
-    x_mean = activation_mean_abs(x2)
-    if x2.shape[0] > max_tokens:
-        gen = torch.Generator().manual_seed(seed)
-        x2 = x2[torch.randperm(x2.shape[0], generator=gen)[:max_tokens].sort().values]
-    n, k = x2.shape
-    # The Gram form costs out * in^2 per alpha, the per-token form tokens * in * out: with
-    # fewer tokens than inputs (small calibration sets) the per-token form is cheaper.
-    gram = (x2.t() @ x2) / n if n > k else None
-    alphas = tuple(i / n_grid for i in range(n_grid + 1))
-    losses = []
-    for alpha in alphas:
-        s = scales_for_alpha(x_mean, alpha)
-        err = fake_quantize_int4(w * s, group_size) / s - w
-        total = (err @ gram * err).sum() if gram is not None else (x2 @ err.t()).pow(2).sum() / n
-        losses.append(float(total) / w.shape[0])
-    best = min(range(len(alphas)), key=losses.__getitem__)
-    return AWQScaleResult(scales=scales_for_alpha(x_mean, alphas[best]), alpha=alphas[best],
-                          alphas=alphas, losses=tuple(losses))
-
-
-# Shrink fractions tried on each side of a group's [min, max] by the range search.
-_RANGE_SHRINK = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3)
-
-
-def gram_search_range(weight: torch.Tensor, x: torch.Tensor, group_size: int, *,
-                      shrink: tuple[float, ...] = _RANGE_SHRINK, max_tokens: int = 4096,
-                      seed: int = 0) -> torch.Tensor:
-    """Per (row, group) quantisation range [lo, hi] minimising that group's share of the output
-    error, e C_g e^T with e = Q(clamp(w, lo, hi)) - w and C_g the group's block of X.T @ X.
-
-    The asymmetric counterpart of awq.search_clip (which shrinks +-max|w| symmetrically around 0,
-    a poor fit for min/max int4 on groups not centred on 0), scored on up to `max_tokens` tokens
-    through the Gram blocks. (0, 0) = plain min/max is a candidate, so on the calibration tokens
-    no group gets worse. Returns fp32 [out, in_padded / group, 2]; apply with `apply_range`.
-    """
-    w = weight.detach().to(torch.float32)
-    out_f, in_f = w.shape
-    k = padded_in_features(in_f, group_size)
-    groups = pad_columns(w, k).reshape(out_f, k // group_size, group_size)
-    xs = x.detach().reshape(-1, in_f).to(torch.float32)
-    if xs.shape[0] > max_tokens:
-        gen = torch.Generator().manual_seed(seed)
-        xs = xs[torch.randperm(xs.shape[0], generator=gen)[:max_tokens]]
-    xs = torch.nn.functional.pad(xs, (0, k - in_f)).reshape(xs.shape[0], -1, group_size)
-    gram = torch.einsum("ngk,ngl->gkl", xs, xs) / xs.shape[0]  # [groups, g, g]
-    lo0, hi0 = groups.amin(dim=2), groups.amax(dim=2)
-    span = hi0 - lo0
-    best = torch.stack([lo0, hi0], dim=-1)
-    best_err = torch.full_like(lo0, float("inf"))
-    for a in shrink:
-        for b in shrink:
-            lo, hi = lo0 + a * span, hi0 - b * span
-            q = _fake_quantize_range(groups, lo, hi)
-            err = q - groups
-            # [groups, out, g] @ [groups, g, g]: each group's error through its own Gram block.
-            loss = (torch.bmm(err.transpose(0, 1), gram).transpose(0, 1) * err).sum(dim=2)
-            better = loss < best_err
-            best_err = torch.where(better, loss, best_err)
-            best = torch.where(better[..., None], torch.stack([lo, hi], dim=-1), best)
-    return best
-
-
-def _fake_quantize_range(groups: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
-                         ) -> torch.Tensor:
-    """What quantize_int4 + dequantize_int4 give for groups clamped to [lo, hi]."""
-    span = hi - lo
-    scale = torch.where(span > 0, span / INT4_LEVELS, torch.ones_like(span))[..., None]
-    clamped = torch.minimum(torch.maximum(groups, lo[..., None]), hi[..., None])
-    codes = torch.round((clamped - lo[..., None]) / scale).clamp_(0, INT4_LEVELS)
-    return lo[..., None] + codes * scale
-
-
-def apply_range(weight: torch.Tensor, limits: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Clamps each (row, group) of `weight` [out, in] to limits[..., 0] .. limits[..., 1]."""
-    in_f = weight.shape[1]
-    lo = limits[..., 0].repeat_interleave(group_size, dim=1)[:, :in_f]
-    hi = limits[..., 1].repeat_interleave(group_size, dim=1)[:, :in_f]
-    return torch.minimum(torch.maximum(weight, lo), hi)
-
-
 # -- linear factories ------------------------------------------------------------------------
 
 class _AWQFactory:
@@ -597,66 +493,3 @@ def _run_layer(layer: nn.Module, hidden: list[torch.Tensor], cfg: ModelConfig, t
             kv = (torch.empty(shape), torch.empty(shape))  # written, then read back by attention
             out.append(layer(h, positions, meta, kv, "fast"))
     return out
-
-
-# -- cache -----------------------------------------------------------------------------------
-
-def weights_digest(weights: dict[str, Any]) -> str:
-    """sha256 over every tensor's name, type, shape and stored bytes (the model's identity,
-    whichever file or directory it came from)."""
-    h = hashlib.sha256()
-    for name in sorted(weights):
-        w = dict.__getitem__(weights, name)  # LazyWeights: the stored form, not materialised
-        if isinstance(w, torch.Tensor):
-            kind, shape, data = str(w.dtype), tuple(w.shape), w.contiguous().numpy()
-        else:
-            kind, shape, data = w.qtype_name, tuple(w.tensor.shape), w.tensor.data
-        h.update(f"{name}|{kind}|{shape}|".encode())
-        h.update(memoryview(np.ascontiguousarray(data)).cast("B"))
-    return h.hexdigest()
-
-
-def plan_spec(plan: PrecisionPlan) -> str:
-    """The plan's content (not its file name) as canonical JSON."""
-    return json.dumps({"default": plan.default.name,
-                       "rules": [[p, f.name] for p, f in plan.rules]}, sort_keys=True)
-
-
-def _cache_key(weights: dict[str, Any], plan: PrecisionPlan, settings: CalibrationSettings
-               ) -> dict[str, Any]:
-    return {"version": CACHE_VERSION, "weights_sha256": weights_digest(weights),
-            "plan": plan_spec(plan), "calibration": asdict(settings)}
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("TIGHTFIT_CACHE_DIR")
-    return (Path(root) if root else Path.home() / ".cache" / "tightfit") / "awq"
-
-
-def _cache_path(key: dict[str, Any], plan: PrecisionPlan) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
-    slug = plan.default.name if not plan.rules else "plan"
-    return cache_dir() / f"{key['weights_sha256'][:16]}-{slug}-{digest}.pt"
-
-
-def _read_cache(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        data = torch.load(path, weights_only=True)
-    except Exception as exc:  # a damaged cache is only a lost speed-up: recompute
-        log.warning("ignoring unreadable AWQ cache %s: %s", path, exc)
-        return None
-    if not isinstance(data, dict) or data.get("key") != key:
-        return None
-    return data
-
-
-def _write_cache(path: Path, data: dict[str, Any]) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        torch.save(data, tmp)
-        os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
-    except OSError as exc:
-        log.warning("could not write the AWQ cache %s: %s", path, exc)
