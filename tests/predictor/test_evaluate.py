@@ -23,7 +23,7 @@ def test_data_rules_are_applied_and_counted() -> None:
     obs, rules = datasets.load_all()
     assert rules["provider ollama (not llama.cpp)"] == 73
     assert any(k.startswith("relabelled to host CPU") for k in rules)
-    assert {o.source for o in obs} == {"apple", "llmfit", "design"}
+    assert {o.source for o in obs} == {"apple", "llmfit", "design", "tightfit"}
     assert all(o.value > 0 for o in obs)
 
 

@@ -224,3 +224,35 @@ def test_int8_linear_copies_misaligned_weights_instead_of_crashing(compute):
     assert mod.weight_int8.data_ptr() % 64 == 0
     x = _rand(3, 64, seed=1)
     assert torch.equal(mod(x), ref(x))
+
+
+def test_from_rows_builds_the_same_module_as_from_float():
+    """Chunked construction (used for weights dequantised from a file) changes nothing."""
+    w = _rand(5000, 64)  # more rows than one chunk
+    rows = lambda a, b: w[a:b]  # noqa: E731
+    a8, b8 = Int8Linear.from_float(w), Int8Linear.from_rows(rows, (5000, 64))
+    assert torch.equal(a8.weight_int8, b8.weight_int8) and torch.equal(a8.scales, b8.scales)
+    a4, b4 = Int4Linear.from_float(w, 32), Int4Linear.from_rows(rows, (5000, 64), 32)
+    x = _rand(2, 64, seed=3)
+    assert torch.equal(a4(x), b4(x))
+
+
+def test_native_rows_match_the_whole_dequantised_weight():
+    """NativeTensor.rows(a, b) == dequantize()[a:b], with llama.cpp's Q/K row permutation."""
+    from tightfit.engine.loader.gguf import GGUFFile
+    from tightfit.engine.loader.model_config import config_from_gguf
+    from tightfit.engine.loader.resolve import resolve_model
+    from tightfit.engine.loader.weights import load_gguf_weights
+
+    g = GGUFFile(resolve_model(None))
+    weights = load_gguf_weights(g, config_from_gguf(g), keep_native=True)
+    checked = 0
+    for name in ("layers.0.self_attn.q_proj.weight", "embed_tokens.weight"):
+        nt = dict.__getitem__(weights, name)
+        if isinstance(nt, torch.Tensor):
+            continue
+        n = nt.tensor.shape[0]
+        parts = torch.cat([nt.rows(a, min(a + 100, n)) for a in range(0, n, 100)])
+        assert torch.equal(parts, nt.dequantize())
+        checked += 1
+    assert checked == 2

@@ -83,6 +83,16 @@ class NativeTensor:
         t.release()
         return w if self.perm is None else w[self.perm]
 
+    def rows(self, a: int, b: int) -> torch.Tensor:
+        """fp32 rows a..b of the (permuted) weight, dequantised from just those rows' blocks."""
+        from tightfit.engine.loader.dequant import dequantize
+
+        t = self.tensor
+        idx = slice(a, b) if self.perm is None else self.perm[a:b].numpy()
+        out = dequantize(t.data[idx], t.qtype, (b - a, *t.shape[1:]), name=t.name)
+        t.release()  # the file pages just read leave the resident set again
+        return out
+
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 

@@ -9,7 +9,7 @@ keeps everything fp32: bit-for-bit the reference up to summation order, but slow
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Callable, Literal
 
 import torch
 import torch.nn.functional as F
@@ -135,6 +135,10 @@ class _PackedLinear(nn.Module):
 ALIGNMENT = 64
 
 
+def _codes(q: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return q.codes, q.scales, q.zeros
+
+
 def aligned(t: torch.Tensor) -> torch.Tensor:
     """t itself if its data starts on a 64-byte boundary, else an aligned copy: PyTorch's int8
     kernel crashes the process on misaligned weights (a row slice of a larger tensor, or a tensor
@@ -172,10 +176,20 @@ class Int8Linear(_PackedLinear):
                    compute: Compute = DEFAULT_COMPUTE) -> Int8Linear:
         """Quantises fp32 [out, in] (times `input_scale` per column, if given) per channel."""
         w = _check_weight(weight)
-        parts = [quantize_int8(_scale_columns(w[a:b], input_scale))
-                 for a, b in _row_chunks(w.shape[0])]
-        q = torch.cat([p.q for p in parts])
-        scales = torch.cat([p.scales for p in parts])
+        return cls.from_rows(lambda a, b: _scale_columns(w[a:b], input_scale), tuple(w.shape),
+                             bias, input_scale, compute=compute)
+
+    @classmethod
+    def from_rows(cls, rows: Callable[[int, int], torch.Tensor], shape: tuple[int, int],
+                  bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None, *,
+                  compute: Compute = DEFAULT_COMPUTE) -> Int8Linear:
+        """As from_float, with the fp32 weight produced a row chunk at a time by `rows(a, b)`
+        (already scaled by input_scale): a weight dequantised from a file never exists whole."""
+        q = torch.empty(shape, dtype=torch.int8)  # filled in place: no second copy to concat
+        scales = torch.empty(shape[0])
+        for a, b in _row_chunks(shape[0]):
+            part = quantize_int8(rows(a, b))
+            q[a:b], scales[a:b] = part.q, part.scales
         return cls(q, scales, bias, input_scale, compute=compute)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -236,14 +250,24 @@ class Int4Linear(_PackedLinear):
         size does not divide.
         """
         w = _check_weight(weight)
-        parts = [quantize_int4(_scale_columns(w[a:b], input_scale), group_size, pad=pad)
-                 for a, b in _row_chunks(w.shape[0])]
-        # Pack chunk by chunk so only one chunk's int32 codes exist at a time (every chunk but
-        # the last is a multiple of 16 rows, so only the last gets padding rows).
-        packed, sz = zip(*(_pack_int4(p.codes, p.scales, p.zeros) for p in parts))
+        return cls.from_rows(lambda a, b: _scale_columns(w[a:b], input_scale), tuple(w.shape),
+                             group_size, bias, input_scale, pad=pad, compute=compute)
+
+    @classmethod
+    def from_rows(cls, rows: Callable[[int, int], torch.Tensor], shape: tuple[int, int],
+                  group_size: int, bias: torch.Tensor | None = None,
+                  input_scale: torch.Tensor | None = None, *, pad: bool = True,
+                  compute: Compute = DEFAULT_COMPUTE) -> Int4Linear:
+        """As from_float, with the fp32 weight produced a row chunk at a time by `rows(a, b)`."""
+        out_f, in_f = shape
+        # Quantise and pack chunk by chunk so only one chunk's fp32 rows and int32 codes exist at
+        # a time (every chunk but the last is a multiple of 16 rows, so only the last gets
+        # padding rows).
+        packed, sz = zip(*(_pack_int4(*_codes(quantize_int4(rows(a, b), group_size, pad=pad)))
+                           for a, b in _row_chunks(out_f)))
         return cls(torch.cat(packed), torch.cat(sz, dim=1), group_size=group_size,
-                   in_features=w.shape[1], out_features=w.shape[0], bias=bias,
-                   input_scale_inv=_inverse_scale(input_scale, w.shape[1]), compute=compute)
+                   in_features=in_f, out_features=out_f, bias=bias,
+                   input_scale_inv=_inverse_scale(input_scale, in_f), compute=compute)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = self._input_2d(x)
