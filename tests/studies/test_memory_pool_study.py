@@ -13,8 +13,8 @@ from tightfit.studies.workload_driver import Arrival, corpus_ids, drive
 
 
 def test_priority_study_preempts_low_priority_for_high(default_llm):
-    r = priority_study(default_llm, n_low=3, n_high=3, spacing_s=0.05, low_prompt=40,
-                       low_tokens=48)
+    r = priority_study(default_llm, n_low=2, n_high=2, spacing_s=0.05, low_prompt=24,
+                       low_tokens=24)
     # every batch slot is held by low priority: each high one must take a slot from one
     assert r["preemptions"] >= 1
     for key in ("high_ttft_p95_loaded_s", "high_ttft_p95_idle_s"):
@@ -23,14 +23,14 @@ def test_priority_study_preempts_low_priority_for_high(default_llm):
 
 
 def test_tiers_study_runs_both_pools(default_llm):
-    r = tiers_study(default_llm, n_long=3, n_short=4, long_prompt=560)
+    r = tiers_study(default_llm, n_long=2, n_short=3, long_prompt=520)
     assert set(r) == {"shared pool", "tiers 512/2048"}
     for v in r.values():
         assert 0 < v["short_p50_s"] <= v["short_p99_s"]
 
 
 def test_skewed_batching_grouping_removes_padded_work(default_llm):
-    r = skewed_batching_study(default_llm, long_tokens=300, short_tokens=12, gen=4)
+    r = skewed_batching_study(default_llm, long_tokens=200, short_tokens=12, gen=3)
     assert r["padded batch"]["wasted_kv_work"] > 0.5
     assert r["length-grouped"]["wasted_kv_work"] == 0.0
 
