@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tightfit.awq")
 
 # Bump when the search or its folding changes, so stale cache files are not reused.
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 def weights_digest(weights: dict[str, Any]) -> str:
     """sha256 over every tensor's name, type, shape and stored bytes (the model's identity,

@@ -40,9 +40,11 @@ from tightfit.engine.quant.awq import apply_clip, search_clip
 from tightfit.engine.quant.awq_cache import cache_key, cache_path, read_cache, write_cache
 from tightfit.engine.quant.awq_search import apply_range, gram_search_range, gram_search_scales
 from tightfit.engine.quant.formats import WeightFormat
+from tightfit.engine.quant.gptq import (
+    QuantizedWeight, gptq_int4, gram_matrix, pack_codes, with_codes)
 from tightfit.engine.quant.linear import Int4Linear, Int8Linear
 from tightfit.engine.quant.plan import PlanLinearFactory, PrecisionPlan, SplitLinear
-from tightfit.engine.quant.reference import quantize_int4, quantize_int8
+from tightfit.engine.quant.reference import concat_rows, quantize_int4, quantize_int8
 from tightfit.errors import TightfitError
 
 log = logging.getLogger("tightfit.awq")
@@ -64,7 +66,8 @@ class CalibrationSettings:
     """sequences x tokens calibration windows, drawn with `seed`; `search_tokens` per scale-search
     loss; `n_grid` + 1 exponents alpha tried. `clip`: per-group range search after scaling:
     "range" (asymmetric, `gram_search_range`), "symmetric" (awq.search_clip, the paper's) or
-    "none"."""
+    "none". `gptq`: round the int4 codes with GPTQ error feedback (gptq.py) on the grid the
+    scaling and range search chose, instead of to nearest."""
 
     sequences: int = 64
     tokens: int = 512
@@ -72,6 +75,7 @@ class CalibrationSettings:
     search_tokens: int = 4096
     n_grid: int = 20
     clip: str = "range"
+    gptq: bool = True
 
     def __post_init__(self) -> None:
         if self.sequences < 1 or self.tokens < 2 or self.search_tokens < 1 or self.n_grid < 1:
@@ -118,6 +122,8 @@ class _LayerWeights:
     index: int
     tensors: dict[str, Any]
     runtime: dict[str, torch.Tensor] = field(default_factory=dict)
+    # Scaled weights before the range search clipped them: GPTQ's target (the grid is clipped).
+    unclipped: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def current(self, name: str) -> torch.Tensor:
         return _dense(self.tensors[name])
@@ -272,8 +278,30 @@ class _Builder:
                 name = _wname(lw.index, m)
                 found["clip"][m] = self._search_clip(lw.current(name), x / res.scales,
                                                      self._group_size(lw, m), lw.index)
+                lw.unclipped[name] = lw.current(name)
                 self._apply_clip(lw, m, found["clip"][m])
+        if self.settings.gptq:
+            found["gptq"] = self._gptq_layer(lw, inputs, found["scales"])
         return found
+
+    def _gptq_layer(self, lw: _LayerWeights, inputs: dict[str, torch.Tensor],
+                    scales: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Rounds every AWQ projection of the layer with GPTQ, once all scales are folded (a
+        later group's fold rescales an earlier group's rows), on the grid of its final weight."""
+        packed: dict[str, torch.Tensor] = {}
+        for group in _groups(self.cfg):
+            members = self._awq_members(lw, group)
+            if not members:
+                continue
+            h = gram_matrix(inputs[group.hook], scales[group.key])
+            for m in members:
+                name = _wname(lw.index, m)
+                grid = lw.current(name)
+                q = gptq_int4(lw.unclipped.pop(name, grid), h, self._group_size(lw, m),
+                              grid_weight=grid)
+                packed[m] = pack_codes(q)
+                lw.tensors[name] = QuantizedWeight(q)
+        return packed
 
     def _search_clip(self, w: torch.Tensor, x: torch.Tensor, group_size: int, layer: int
                      ) -> torch.Tensor:
@@ -296,6 +324,10 @@ class _Builder:
                 for m in self._awq_members(lw, group):
                     if m in found["clip"]:
                         self._apply_clip(lw, m, found["clip"][m])
+        for m, packed in found.get("gptq", {}).items():
+            name = _wname(lw.index, m)
+            lw.tensors[name] = QuantizedWeight(
+                with_codes(lw.current(name), self._group_size(lw, m), packed))
 
     def _group_size(self, lw: _LayerWeights, proj: str) -> int:
         size = self.plan.format_for(lw.proj_name(proj)).group_size
@@ -317,6 +349,8 @@ class _Builder:
         if group.upstream in ("v_proj", "up_proj"):  # the previous linear's output rows
             rows = _wname(i, group.upstream)
             lw.tensors[rows] = lw.current(rows) / s[:, None]
+            if rows in lw.unclipped:
+                lw.unclipped[rows] = lw.unclipped[rows] / s[:, None]
             bias = _wname(i, group.upstream, "bias")
             if bias in lw.tensors:
                 lw.tensors[bias] = lw.current(bias) / s
@@ -363,9 +397,18 @@ class _Builder:
         norm_w = self.weights.pop("norm.weight")
         fmt = self.plan.format_for("lm_head")
         if fmt.awq:
-            s = self._head_scales(head_obj, norm_w, hidden, fmt)
+            assert fmt.group_size is not None
+            x = self._head_inputs(norm_w, hidden)
+            s = self._head_scales(head_obj, x)
             norm_w = norm_w / s
             head_obj = _dense(head_obj) * s
+            if self.settings.gptq:
+                if x is not None:
+                    q = gptq_int4(head_obj, gram_matrix(x, s), fmt.group_size)
+                    self.search["head_gptq"] = pack_codes(q)
+                else:
+                    q = with_codes(head_obj, fmt.group_size, self.search["head_gptq"])
+                head_obj = QuantizedWeight(q)
         self.final["norm.weight"] = norm_w
         if not tied:
             self.final["lm_head.weight"] = None
@@ -373,14 +416,21 @@ class _Builder:
         if self.weights:
             raise TightfitError(f"unused weights: {sorted(self.weights)[:8]}")
 
-    def _head_scales(self, head_obj: Any, norm_w: torch.Tensor,
-                     hidden: list[torch.Tensor] | None, fmt: WeightFormat) -> torch.Tensor:
+    def _head_inputs(self, norm_w: torch.Tensor, hidden: list[torch.Tensor] | None
+                     ) -> torch.Tensor | None:
+        """The head's calibration inputs (final-norm outputs), or None when replaying."""
         if not self.calibrating:
-            return self.search["head"]
-        assert hidden is not None and fmt.group_size is not None
+            return None
+        assert hidden is not None
         norm = RMSNorm(norm_w, self.cfg.rms_eps)
         with torch.inference_mode():
-            x = torch.cat([norm(h) for h in hidden])
+            return torch.cat([norm(h) for h in hidden])
+
+    def _head_scales(self, head_obj: Any, x: torch.Tensor | None) -> torch.Tensor:
+        if x is None:
+            return self.search["head"]
+        fmt = self.plan.format_for("lm_head")
+        assert fmt.group_size is not None
         w = _dense(head_obj)
         gen = torch.Generator().manual_seed(self.settings.seed)
         rows = torch.randperm(w.shape[0], generator=gen)[:_HEAD_SEARCH_ROWS].sort().values
@@ -411,9 +461,13 @@ class _AWQFactory:
         bs = biases or [None] * len(names)
         fmts = {self.plan.format_for(n) for n in names}
         if len(fmts) == 1 and all(n in self.runtime for n in names):
-            w = torch.cat([_dense(x) for x in weights])
             b = None if biases is None else torch.cat(biases)
-            return _scaled_module(w, b, fmts.pop(), self.runtime[names[0]])
+            s = self.runtime[names[0]]
+            if all(isinstance(x, QuantizedWeight) for x in weights):
+                return Int4Linear.from_weights(concat_rows([x.q for x in weights]), b,
+                                               input_scale=s)
+            w = torch.cat([_dense(x) for x in weights])
+            return _scaled_module(w, b, fmts.pop(), s)
         return SplitLinear([self([n], [w], None if b is None else [b])
                             for n, w, b in zip(names, weights, bs)])
 

@@ -143,9 +143,21 @@ class PlanLinearFactory:
 
     def _build(self, fmt: WeightFormat, weights: list[Any], bias: torch.Tensor | None) -> nn.Module:
         from tightfit.engine.quant.gguf_native import gguf_int4_weights
+        from tightfit.engine.quant.gptq import QuantizedWeight
         from tightfit.engine.quant.linear import Int4Linear, fp32_linear, quantize_linear
-        from tightfit.engine.quant.reference import concat_rows
+        from tightfit.engine.quant.reference import concat_rows, quantize_int4
 
+        if any(isinstance(w, QuantizedWeight) for w in weights):
+            # Rounded already (GPTQ): pack these codes as they are; a fused partner in the same
+            # format that was not pre-rounded gets plain rounding.
+            if fmt.kind != "int4" or any(w.q.group_size != fmt.group_size for w in weights
+                                         if isinstance(w, QuantizedWeight)):
+                raise TightfitError(f"pre-rounded int4 weights cannot be built as {fmt.name}")
+            assert fmt.group_size is not None
+            parts = [w.q if isinstance(w, QuantizedWeight) else
+                     quantize_int4(w if isinstance(w, torch.Tensor) else w.dequantize(),
+                                   fmt.group_size) for w in weights]
+            return Int4Linear.from_weights(concat_rows(parts), bias)
         native = [w for w in weights if not isinstance(w, torch.Tensor)]
         if fmt.kind == "int4" and fmt.group_size == 32 and len(native) == len(weights) and all(
                 w.qtype_name in ("Q4_0", "Q4_1", "Q4_K") for w in native):
