@@ -16,13 +16,13 @@ projection of the packaged models, ~20 s for a 262k-row output head.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from tightfit.engine.quant.formats import padded_in_features
 from tightfit.engine.quant.reference import (
-    INT4_LEVELS, INT4_MID, Int4Weights, dequantize_int4, pad_columns, quantize_int4)
+    INT4_LEVELS, INT4_MID, Int4Weights, dequantize_int4, int4_grid, pad_columns)
 from tightfit.errors import TightfitError
 
 # Damping added to H's diagonal, as a fraction of its mean (the paper's default): keeps the
@@ -67,11 +67,8 @@ def gptq_int4(weight: torch.Tensor, gram: torch.Tensor, group_size: int, *,
     grid = w if grid_weight is None else grid_weight.detach().to(torch.float32)
     if grid.shape != w.shape:
         raise TightfitError(f"grid weight shape {tuple(grid.shape)} != weight {tuple(w.shape)}")
-    k = padded_in_features(in_f, group_size)
-    groups = pad_columns(grid, k).reshape(out_f, k // group_size, group_size)
-    lo = groups.amin(dim=2)
-    span = groups.amax(dim=2) - lo
-    scales = torch.where(span > 0, span / INT4_LEVELS, torch.ones_like(span))
+    groups, lo, scales = _grid(grid, group_size)
+    k = groups.shape[1] * group_size
 
     h = torch.zeros(k, k, dtype=torch.float64)
     h[:in_f, :in_f] = gram.to(torch.float64)
@@ -109,6 +106,15 @@ def gptq_int4(weight: torch.Tensor, gram: torch.Tensor, group_size: int, *,
                        group_size=group_size, in_features=in_f)
 
 
+def _grid(grid_weight: torch.Tensor, group_size: int
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The padded groups [out, n_groups, group_size] of `grid_weight` and their (lo, scale)."""
+    out_f, in_f = grid_weight.shape
+    k = padded_in_features(in_f, group_size)
+    groups = pad_columns(grid_weight, k).reshape(out_f, k // group_size, group_size)
+    return (groups, *int4_grid(groups))
+
+
 def _inverse_cholesky_upper(h: torch.Tensor) -> torch.Tensor:
     """Upper Cholesky factor of H^-1 (fp64 maths, fp32 result), adding damping until H is
     positive definite."""
@@ -143,6 +149,7 @@ def pack_codes(q: Int4Weights) -> torch.Tensor:
 
 def with_codes(grid_weight: torch.Tensor, group_size: int, packed: torch.Tensor) -> Int4Weights:
     """Rebuilds `gptq_int4`'s result from `pack_codes` output and the grid weight it used."""
-    q = quantize_int4(grid_weight, group_size)
-    codes = torch.stack([packed & 0x0F, packed >> 4], dim=2).reshape(q.codes.shape)
-    return replace(q, codes=codes)
+    groups, lo, scales = _grid(grid_weight.detach().to(torch.float32), group_size)
+    codes = torch.stack([packed & 0x0F, packed >> 4], dim=2).reshape(packed.shape[0], -1)
+    return Int4Weights(codes=codes, scales=scales, zeros=lo + INT4_MID * scales,
+                       group_size=group_size, in_features=int(grid_weight.shape[1]))

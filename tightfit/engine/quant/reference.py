@@ -92,15 +92,20 @@ def quantize_int4(weight: torch.Tensor, group_size: int, *, pad: bool = True) ->
             f"int4 group size {group_size} does not divide the input dimension {in_f}; group sizes "
             f"that divide it: {_dividing_groups(in_f) or 'none'} (or allow padding to {in_padded})")
     groups = pad_columns(w, in_padded).reshape(out_f, in_padded // group_size, group_size)
-    lo = groups.amin(dim=2)
-    hi = groups.amax(dim=2)
-    span = hi - lo
-    # A constant group gets scale 1: every code is 0 and the value is exactly `lo`.
-    scales = torch.where(span > 0, span / INT4_LEVELS, torch.ones_like(span))
+    lo, scales = int4_grid(groups)
     codes = torch.round((groups - lo[..., None]) / scales[..., None]).clamp_(0, INT4_LEVELS)
     zeros = lo + INT4_MID * scales
     return Int4Weights(codes=codes.to(torch.uint8).reshape(out_f, in_padded), scales=scales,
                        zeros=zeros, group_size=group_size, in_features=in_f)
+
+
+def int4_grid(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lo, scale) of each group of `groups` [out, n_groups, group_size]: the min/max grid
+    lo + code * scale, code 0..15, that `quantize_int4` rounds onto."""
+    lo = groups.amin(dim=2)
+    span = groups.amax(dim=2) - lo
+    # A constant group gets scale 1: every code is 0 and the value is exactly `lo`.
+    return lo, torch.where(span > 0, span / INT4_LEVELS, torch.ones_like(span))
 
 
 def dequantize_int4(qw: Int4Weights) -> torch.Tensor:
