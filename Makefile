@@ -4,7 +4,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.tightfit-installed
 
-.PHONY: setup run chat test bench clean
+.PHONY: setup run chat test bench clean llamacpp
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -26,3 +26,8 @@ clean:
 
 chat: setup
 	.venv/bin/tightfit chat
+
+# Optional benchmark baseline: llama.cpp's llama-bench, llama-server and llama-cpp-python,
+# built once from the same sources (~20 min on 2 cores). Then: .venv/bin/tightfit bench --vs llamacpp
+llamacpp: setup
+	bash scripts/build-llama-cpp.sh

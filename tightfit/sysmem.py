@@ -12,20 +12,22 @@ import sys
 _STATUS = "/proc/self/status"
 
 
-def peak_rss_bytes() -> int:
+def peak_rss_bytes(pid: int | None = None) -> int:
+    """This process's peak RSS, or another process's (`pid`: Linux only, e.g. a server child)."""
     try:
-        with open(_STATUS) as f:
+        with open(_STATUS if pid is None else f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) * 1024
     except OSError:
-        pass
+        if pid is not None:
+            return 0
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return maxrss if sys.platform == "darwin" else maxrss * 1024  # macOS: bytes; Linux: KiB
 
 
-def peak_rss_mib() -> float:
-    return peak_rss_bytes() / 2**20
+def peak_rss_mib(pid: int | None = None) -> float:
+    return peak_rss_bytes(pid) / 2**20
 
 
 def reset_peak_rss() -> bool:

@@ -7,31 +7,14 @@ import json
 import pytest
 
 from tightfit.bench import compare
-from tightfit.bench.backends.base import BackendOptions
 from tightfit.bench.report import compare_table
-from tightfit.bench.runner import Callbacks, RunContext, Task, run_tasks
-from tightfit.bench.workloads import Overrides
 from tightfit.cli.main import main
 from tightfit.data.store import MeasurementStore
 
 
-def _simulated_compare_rows(speed: dict[str, float]):
-    """compare_tasks' runs on the simulated backend, relabelled as each backend in `speed`."""
-    rows = []
-    for backend, decode in speed.items():
-        tasks = [Task("simulated", BackendOptions(extra={"decode_tok_s": decode}), t.scenario,
-                      Overrides(num_requests=2, output_tokens=4), sweep="compare")
-                 for t in compare.compare_tasks(None, 2, quick=True, backends=("tightfit",))]
-        got = []
-        run_tasks(tasks, RunContext.gather(), Callbacks(result=lambda m, t: got.append(m)))
-        rows += [m.model_copy(update={"config": m.config.model_copy(update={"backend": backend})})
-                 for m in got]
-    return rows
-
-
 @pytest.fixture(scope="module")
-def compare_rows():
-    return _simulated_compare_rows({"tightfit": 30.0, "hf": 10.0})
+def compare_rows(simulated_compare_rows):
+    return simulated_compare_rows({"tightfit": 30.0, "hf": 10.0})
 
 
 def test_compare_collects_values_ratios_and_verdicts(compare_rows):

@@ -1,7 +1,15 @@
-"""`tightfit bench`: tightfit against HF Transformers on the same prompts, in one run, each in its
-own worker process: single-stream decode, TTFT on a short prompt, prefill on a ~510-token prompt,
-aggregate throughput at 16 concurrent requests, peak RSS and load time — with the engine-core
-targets (issue 2) judged as ratios. Builds tasks and reads measurements; the runner runs them.
+"""`tightfit bench`: tightfit side by side with a baseline on the same model file and prompts, in
+one run, each engine in its own process, with an issue's targets judged as ratios.
+
+Two suites:
+- `hf` (default; issue 2): fp32 weights against HF Transformers fp32 on the same GGUF.
+- `llamacpp` (issue 7): the GGUF's own 4-bit weights (`native`) against llama.cpp on the same
+  file: `llama-bench` (tg128 / pp512, llama.cpp's own figures), `llama-server` with parallel
+  slots (16 concurrent requests, served over HTTP as tightfit's server is) and llama-cpp-python
+  (its peak RSS, the issue's memory baseline).
+Metrics: single-stream decode, TTFT on a short prompt, prefill on a ~510-token prompt, aggregate
+throughput at 16 concurrent requests, peak RSS and load time. Builds tasks and reads
+measurements; the runner runs them.
 """
 from __future__ import annotations
 
@@ -15,6 +23,7 @@ from tightfit.data.schema import Measurement
 
 SWEEP_NAME = "compare"
 BASELINE = "hf"
+LLAMA_BENCH = "llama-bench"  # a column filled by the llama-bench program, not by a backend
 
 
 @dataclass(frozen=True)
@@ -43,9 +52,13 @@ class Target:
     metric: str
     kind: Literal["ratio_min", "ratio_max", "abs_max"]
     value: float
+    ours: str = "tightfit"  # the column judged
+    base: str = BASELINE  # the column it is judged against
+    base_label: str = "HF"
 
     def describe(self) -> str:
-        return {"ratio_min": f">= {self.value:g}x HF", "ratio_max": f"<= {self.value:g}x HF",
+        return {"ratio_min": f">= {self.value:g}x {self.base_label}",
+                "ratio_max": f"<= {self.value:g}x {self.base_label}",
                 "abs_max": f"<= {self.value:g} s"}[self.kind]
 
     def met(self, ours: float | None, base: float | None) -> bool | None:
@@ -57,53 +70,103 @@ class Target:
         return ratio >= self.value if self.kind == "ratio_min" else ratio <= self.value
 
 
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    title: str  # "{model}" and "{threads}" are filled in
+    quant: str
+    columns: tuple[tuple[str, str], ...]  # (backend or LLAMA_BENCH, header)
+    plan: dict[str, tuple[str, ...]]  # backend -> scenarios it runs
+    targets: dict[str, Target]
+    base: str  # the column ratios are taken against for metrics without a target
+
+
+_ALL = ("decode", "ttft", "prefill", "concurrent-16")
+
 # Issue 2, item 7 (default model, 2 threads, fp32 weights).
-TARGETS = {t.metric: t for t in (
-    Target("aggregate_tok_s", "ratio_min", 2.5), Target("decode_tok_s", "ratio_min", 1.3),
-    Target("ttft_s", "ratio_max", 0.5), Target("peak_rss_mib", "ratio_max", 0.6),
-    Target("load_time_s", "abs_max", 5.0))}
+HF_SUITE = Suite(
+    "hf", "tightfit vs HF Transformers — {model}, {threads} threads, fp32", "fp32",
+    (("tightfit", "tightfit"), ("hf", "HF fp32")), {"tightfit": _ALL, "hf": _ALL},
+    {t.metric: t for t in (
+        Target("aggregate_tok_s", "ratio_min", 2.5), Target("decode_tok_s", "ratio_min", 1.3),
+        Target("ttft_s", "ratio_max", 0.5), Target("peak_rss_mib", "ratio_max", 0.6),
+        Target("load_time_s", "abs_max", 5.0))},
+    "hf")
+
+# Issue 7, item 6 (default model, 2 threads, the file's own 4-bit weights).
+LLAMACPP_SUITE = Suite(
+    "llamacpp", "tightfit vs llama.cpp — {model}, {threads} threads, the file's own weights",
+    "native",
+    (("tightfit", "tightfit"), ("tightfit-http", "tightfit server"),
+     (LLAMA_BENCH, "llama-bench"), ("llamacpp", "llama-cpp-python"),
+     ("llama-server", "llama-server")),
+    {"tightfit": _ALL, "tightfit-http": ("concurrent-16",),
+     "llamacpp": ("decode", "ttft", "prefill"), "llama-server": ("concurrent-16",)},
+    {t.metric: t for t in (
+        Target("decode_tok_s", "ratio_min", 1.0, base=LLAMA_BENCH, base_label="llama-bench tg"),
+        Target("aggregate_tok_s", "ratio_min", 1.0, ours="tightfit-http", base="llama-server",
+               base_label="llama-server"),
+        Target("peak_rss_mib", "ratio_max", 1.2, base="llamacpp",
+               base_label="llama-cpp-python"))},
+    "llamacpp")
+
+SUITES = {s.name: s for s in (HF_SUITE, LLAMACPP_SUITE)}
+TARGETS = HF_SUITE.targets  # kept for callers that knew only the HF comparison
 
 
 def compare_tasks(model: str | None, threads: int, quick: bool,
-                  backends: tuple[str, ...] = ("tightfit", BASELINE)) -> list[Task]:
+                  backends: tuple[str, ...] | None = None, suite: Suite = HF_SUITE) -> list[Task]:
     gen = 16 if quick else 64
-    plan = (("decode", Overrides(output_tokens=gen)), ("ttft", Overrides()),
-            ("prefill", Overrides()), ("concurrent-16", Overrides(output_tokens=gen)))
-    return [Task(b, BackendOptions(model=model, quant="fp32", threads=threads), scenario, o,
-                 sweep=SWEEP_NAME) for b in backends for scenario, o in plan]
+    out = {"decode": Overrides(output_tokens=gen), "ttft": Overrides(), "prefill": Overrides(),
+           "concurrent-16": Overrides(output_tokens=gen)}
+    chosen = backends if backends is not None else tuple(suite.plan)
+    return [Task(b, BackendOptions(model=model, quant=suite.quant, threads=threads), scenario,
+                 out[scenario], sweep=SWEEP_NAME)
+            for b in chosen for scenario in suite.plan.get(b, _ALL)]
 
 
 @dataclass
 class Comparison:
     model: str
     threads: int
-    values: dict[str, dict[str, float | None]] = field(default_factory=dict)  # backend -> metric
+    suite: Suite = HF_SUITE
+    values: dict[str, dict[str, float | None]] = field(default_factory=dict)  # column -> metric
     errors: dict[str, list[str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     load_avg_1m: float | None = None
     other_cpu_cores: float | None = None
 
-    def ratio(self, metric: str, backend: str = "tightfit") -> float | None:
-        ours = self.values.get(backend, {}).get(metric)
-        base = self.values.get(BASELINE, {}).get(metric)
+    def _pair(self, metric: str) -> tuple[str, str]:
+        t = self.suite.targets.get(metric)
+        return (t.ours, t.base) if t is not None and t.kind != "abs_max" else \
+            ("tightfit", self.suite.base)
+
+    def ratio(self, metric: str, backend: str | None = None) -> float | None:
+        ours_col, base_col = self._pair(metric)
+        ours = self.values.get(backend or ours_col, {}).get(metric)
+        base = self.values.get(base_col, {}).get(metric)
         return ours / base if ours is not None and base else None
 
     def verdicts(self) -> dict[str, bool | None]:
-        ours, base = self.values.get("tightfit", {}), self.values.get(BASELINE, {})
-        return {k: t.met(ours.get(k), base.get(k)) for k, t in TARGETS.items()}
+        out = {}
+        for k, t in self.suite.targets.items():
+            out[k] = t.met(self.values.get(t.ours, {}).get(k), self.values.get(t.base, {}).get(k))
+        return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"model": self.model, "threads": self.threads, "values": self.values,
-                "ratios": {m.key: self.ratio(m.key) for m in METRICS},
-                "targets": {k: {"target": t.describe(), "met": self.verdicts()[k]}
-                            for k, t in TARGETS.items()},
+        verdicts = self.verdicts()
+        return {"suite": self.suite.name, "model": self.model, "threads": self.threads,
+                "values": self.values, "ratios": {m.key: self.ratio(m.key) for m in METRICS},
+                "targets": {k: {"target": t.describe(), "met": verdicts[k]}
+                            for k, t in self.suite.targets.items()},
                 "errors": self.errors, "notes": self.notes, "load_avg_1m": self.load_avg_1m,
                 "other_cpu_cores_mean": self.other_cpu_cores}
 
 
-def collect(measurements: list[Measurement], model: str, threads: int) -> Comparison:
+def collect(measurements: list[Measurement], model: str, threads: int,
+            suite: Suite = HF_SUITE) -> Comparison:
     """Folds the runs of `compare_tasks` into one comparison."""
-    comp = Comparison(model, threads)
+    comp = Comparison(model, threads, suite)
     loads, others = [], []
     for m in measurements:
         backend = m.config.backend
@@ -124,3 +187,14 @@ def collect(measurements: list[Measurement], model: str, threads: int) -> Compar
     comp.load_avg_1m = max(loads) if loads else None
     comp.other_cpu_cores = round(max(others), 2) if others else None
     return comp
+
+
+def add_llama_bench(comp: Comparison, figures: list[Any], note: str) -> None:
+    """Puts llama-bench's tg / pp figures in their column (decode / prefill)."""
+    vals = comp.values.setdefault(LLAMA_BENCH, {mt.key: None for mt in METRICS})
+    for f in figures:
+        if f.test.startswith("tg"):
+            vals["decode_tok_s"] = f.tok_s
+        elif f.test.startswith("pp") and "+" not in f.test:
+            vals["prefill_tok_s"] = f.tok_s
+    comp.notes.append(note)

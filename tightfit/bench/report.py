@@ -12,7 +12,7 @@ from typing import Any, Sequence
 from rich.console import Console
 from rich.table import Table
 
-from tightfit.bench.compare import METRICS, TARGETS, Comparison
+from tightfit.bench.compare import METRICS, Comparison
 from tightfit.data.schema import Measurement
 
 
@@ -32,21 +32,24 @@ def _fmt(value: float | None, unit: str = "") -> str:
 
 
 def compare_table(comp: Comparison) -> Table:
-    title = f"tightfit vs HF Transformers — {comp.model}, {comp.threads} threads, fp32"
-    table = Table(title=title)
-    for name, justify in (("metric", "left"), ("tightfit", "right"), ("HF fp32", "right"),
-                          ("ratio", "right"), ("target", "left"), ("", "left")):
+    suite = comp.suite
+    table = Table(title=suite.title.format(model=comp.model, threads=comp.threads))
+    table.add_column("metric", justify="left")
+    columns = [(col, head) for col, head in suite.columns if col in comp.values]
+    for _, head in columns:
+        table.add_column(head, justify="right")
+    for name, justify in (("ratio", "right"), ("target", "left"), ("", "left")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     verdicts = comp.verdicts()
-    ours, base = comp.values.get("tightfit", {}), comp.values.get("hf", {})
     for m in METRICS:
         ratio = comp.ratio(m.key)
-        target = TARGETS.get(m.key)
+        target = suite.targets.get(m.key)
         verdict = verdicts.get(m.key)
         mark = "" if target is None else {True: "[green]met[/]", False: "[red]missed[/]",
                                           None: "[yellow]n/a[/]"}[verdict]
-        table.add_row(f"{m.label} ({m.unit})", _fmt(ours.get(m.key), m.unit),
-                      _fmt(base.get(m.key), m.unit), f"{ratio:.2f}x" if ratio else "—",
+        table.add_row(f"{m.label} ({m.unit})",
+                      *(_fmt(comp.values[col].get(m.key), m.unit) for col, _ in columns),
+                      f"{ratio:.2f}x" if ratio else "—",
                       target.describe() if target else "", mark)
     return table
 

@@ -27,7 +27,8 @@ from tightfit.data.schema import Measurement, utc_now
 
 MAX_RESTARTS = 2
 CONTENDED_CORES = 0.25
-ENGINE_FAMILY = {"hf": "hf-transformers", "llamacpp": "llama.cpp"}  # the rest: tightfit
+# the rest: tightfit
+ENGINE_FAMILY = {"hf": "hf-transformers", "llamacpp": "llama.cpp", "llama-server": "llama.cpp"}
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,11 @@ from tightfit.bench.backends.base import Backend, BackendOptions
 from tightfit.bench.workloads import Arrival, BenchRequest
 
 
-def peak_rss_mib() -> float:
-    return round(sysmem.peak_rss_mib(), 1)
+def peak_rss_mib(backend: Backend | None = None) -> float:
+    """The backend's own figure when it serves from another process (llama-server), else this
+    worker's peak."""
+    theirs = backend.peak_rss_mib() if backend is not None else None
+    return round(theirs if theirs is not None else sysmem.peak_rss_mib(), 1)
 
 
 def _busy_s() -> float:
@@ -58,7 +61,7 @@ class Worker:
             self.emit(event="load_failed", error=_describe(exc))
             return 1
         self.emit(event="loaded", load_time_s=backend.load_time_s,
-                  weight_bytes=backend.weight_bytes(), peak_rss_mib=peak_rss_mib())
+                  weight_bytes=backend.weight_bytes(), peak_rss_mib=peak_rss_mib(backend))
         for task in job["tasks"]:
             self.run_task(backend, task)
         backend.close()
@@ -75,13 +78,13 @@ class Worker:
             timings = backend.run(requests, Arrival(**task["arrival"]))
         except Exception as exc:  # noqa: BLE001 - one failed task must not end the sweep
             self.emit(event="task_done", key=task["key"], status="failed", error=_describe(exc),
-                      load_avg_1m=load, peak_rss_mib=peak_rss_mib())
+                      load_avg_1m=load, peak_rss_mib=peak_rss_mib(backend))
             return
         wall = time.perf_counter() - t0
         others = max(0.0, (_busy_s() - busy0) - (_own_cpu_s() - own0)) / wall if wall > 0 else None
         self.emit(event="task_done", key=task["key"], status="ok",
                   timings=[dataclasses.asdict(t) for t in timings], run_config=backend.run_config(),
-                  load_avg_1m=load, other_cpu_cores=others, peak_rss_mib=peak_rss_mib(),
+                  load_avg_1m=load, other_cpu_cores=others, peak_rss_mib=peak_rss_mib(backend),
                   load_time_s=backend.load_time_s, weight_bytes=backend.weight_bytes())
 
 

@@ -1,6 +1,7 @@
-"""`tightfit bench`: measure. Without a subcommand (or `compare`): tightfit vs HF Transformers side
-by side with the engine targets. `run`: one scenario on one backend. `sweep FILE`: a YAML sweep,
-resumable. `report`: plots + Markdown from stored runs. `scenarios`: the workload templates.
+"""`tightfit bench`: measure. Without a subcommand (or `compare`): tightfit vs HF Transformers
+(`--vs hf`) or llama.cpp (`--vs llamacpp`) side by side with the issues' targets. `run`: one
+scenario on one backend. `sweep FILE`: a YAML sweep, resumable. `report`: plots + Markdown from
+stored runs. `scenarios`: the workload templates.
 Thin shell over `tightfit.bench`; no torch import here (backends run in worker processes).
 """
 from __future__ import annotations
@@ -15,13 +16,16 @@ from tightfit.errors import TightfitError
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser(
-        "bench", help="benchmark tightfit against HF Transformers; sweeps; reports",
-        description="Without a subcommand: tightfit vs HF Transformers (fp32, same GGUF, same "
-                    "prompts), each in its own process, with the engine targets marked met/missed.")
+        "bench", help="benchmark tightfit against HF Transformers or llama.cpp; sweeps; reports",
+        description="Without a subcommand: tightfit side by side with a baseline on the same GGUF "
+                    "and prompts, each engine in its own process, with the targets marked "
+                    "met/missed. --vs hf (default): HF Transformers, fp32 weights. --vs llamacpp: "
+                    "llama-bench, llama-server and llama-cpp-python on the file's own 4-bit "
+                    "weights (build them once with `make llamacpp`).")
     _compare_args(p)
     p.set_defaults(func=run_compare)
     sub = p.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
-    c = sub.add_parser("compare", help="tightfit vs HF side by side (the default)")
+    c = sub.add_parser("compare", help="tightfit vs a baseline side by side (the default)")
     _compare_args(c)
     c.set_defaults(func=run_compare)
     _register_run(sub)
@@ -36,8 +40,12 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model path or name (default: embedded SmolLM2)")
     p.add_argument("--threads", type=int, default=2, help="threads per backend (default 2)")
     p.add_argument("--quick", action="store_true", help="16 generated tokens instead of 64")
-    p.add_argument("--backends", default="tightfit,hf",
-                   help="comma-separated backends (default tightfit,hf)")
+    p.add_argument("--vs", default="hf", choices=("hf", "llamacpp"),
+                   help="the baseline: hf = HF Transformers fp32 (issue 2's targets); llamacpp = "
+                        "llama-bench, llama-server and llama-cpp-python on the file's own 4-bit "
+                        "weights (issue 7's targets; build them with `make llamacpp`)")
+    p.add_argument("--backends", default=None,
+                   help="comma-separated subset of the suite's backends (default: all of them)")
     _store_args(p)
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
 
@@ -64,11 +72,15 @@ def run_compare(args: argparse.Namespace) -> int:
 
     if args.threads < 1:
         raise TightfitError(f"--threads must be >= 1, got {args.threads}")
-    backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
-    tasks = compare.compare_tasks(args.model, args.threads, args.quick, backends)
+    suite = compare.SUITES[args.vs]
+    backends = (tuple(b.strip() for b in args.backends.split(",") if b.strip())
+                if args.backends else None)
+    tasks = compare.compare_tasks(args.model, args.threads, args.quick, backends, suite)
     rows = session.execute(tasks, _store(args, "compare"), "tightfit bench",
                            args.refresh_fingerprint)
-    comp = compare.collect(rows, args.model or "default", args.threads)
+    comp = compare.collect(rows, args.model or "default", args.threads, suite)
+    if suite.name == "llamacpp" and (backends is None or compare.LLAMA_BENCH in backends):
+        _llama_bench(comp, args)
     if args.json:
         print(json.dumps(comp.to_json(), indent=2))
     else:
@@ -79,9 +91,35 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0 if not comp.errors else 1
 
 
+def _llama_bench(comp: Any, args: argparse.Namespace) -> None:
+    """llama.cpp's own tg / pp figures on the same file, after the backends (so they do not share
+    the cores); a missing binary is a note, not a failure."""
+    from rich.console import Console
+
+    from tightfit.bench import compare, llama_cpp_tools
+    from tightfit.engine.loader.resolve import resolve_model
+
+    if llama_cpp_tools.find_binary("llama-bench") is None:
+        comp.notes.append(f"llama-bench skipped: not found ({llama_cpp_tools.BUILD_HINT})")
+        return
+    gen = 16 if args.quick else 128
+    path = resolve_model(args.model if args.model not in (None, "default") else None)
+    with Console(stderr=True).status(f"llama-bench -p 512 -n {gen} -t {args.threads}"):
+        try:
+            figures = llama_cpp_tools.run_llama_bench(path, args.threads, 512, gen)
+        except TightfitError as exc:
+            comp.errors.setdefault(compare.LLAMA_BENCH, []).append(str(exc))
+            return
+    comp_note = ", ".join(f"{f.test} {f.tok_s:.1f} ± {f.stddev:.1f} tok/s" for f in figures)
+    compare.add_llama_bench(comp, figures, f"llama-bench ({len(figures)} tests, "
+                                           f"{figures[0].repetitions if figures else 0} "
+                                           f"repetitions each): {comp_note}")
+
+
 def _register_run(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r = sub.add_parser("run", help="one scenario on one backend")
-    r.add_argument("--backend", default="tightfit", help="tightfit | hf | llamacpp | tightfit-http")
+    r.add_argument("--backend", default="tightfit",
+                   help="tightfit | tightfit-http | hf | llamacpp | llama-server")
     r.add_argument("--scenario", default="chat",
                    help="a template name (`tightfit bench scenarios`)")
     r.add_argument("--model", default=None)

@@ -20,10 +20,15 @@ BACKENDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                       ("tightfit.server.app", "httpx")),
     "hf": ("tightfit.bench.backends.hf_backend", "HFBackend", ("torch", "transformers", "gguf")),
     "llamacpp": ("tightfit.bench.backends.llamacpp_backend", "LlamaCppBackend", ("llama_cpp",)),
+    "llama-server": ("tightfit.bench.backends.llama_server_backend", "LlamaServerBackend",
+                     ("httpx",)),
     "simulated": ("tightfit.bench.backends.simulated", "SimulatedBackend", ()),
 }
 ALIASES = {"hf-transformers": "hf", "transformers": "hf", "llama.cpp": "llamacpp",
-           "llama-cpp": "llamacpp", "llama-cpp-python": "llamacpp", "http": "tightfit-http"}
+           "llama-cpp": "llamacpp", "llama-cpp-python": "llamacpp", "http": "tightfit-http",
+           "llama.cpp-server": "llama-server", "llama_server": "llama-server"}
+# backend -> programs it runs (found by tightfit.bench.llama_cpp_tools.find_binary)
+BINARIES: dict[str, tuple[str, ...]] = {"llama-server": ("llama-server",)}
 INSTALL_HINT = {
     "hf": "pip install -e '.[reference]'",
     "llamacpp": "pip install -e '.[llamacpp]' (builds llama.cpp, ~18 min on 2 cores)",
@@ -53,6 +58,12 @@ def unavailable_reason(name: str) -> str | None:
         if not found:
             hint = INSTALL_HINT.get(key, f"pip install {mod}")
             return f"backend {key!r} skipped: {mod} is not importable ({hint})"
+    if BINARIES.get(key):
+        from tightfit.bench.llama_cpp_tools import BUILD_HINT, find_binary
+
+        for exe in BINARIES[key]:
+            if find_binary(exe) is None:
+                return f"backend {key!r} skipped: {exe} was not found ({BUILD_HINT})"
     return None
 
 

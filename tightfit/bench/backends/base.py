@@ -115,6 +115,10 @@ class Backend(ABC):
     def weight_bytes(self) -> int | None:
         return None
 
+    def peak_rss_mib(self) -> float | None:
+        """Peak RSS of the process that serves, when that is not this one (None: this one)."""
+        return None
+
     def run_config(self) -> dict[str, Any]:
         """Fields of the dataset's `RunConfig` this backend knows (defaults resolved)."""
         o = self.options
