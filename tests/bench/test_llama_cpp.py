@@ -112,7 +112,8 @@ def test_real_llama_server_serves_the_default_model_over_http():
         ts = b.run(reqs, Arrival("closed", concurrency=4))
         assert [t.output_tokens for t in ts] == [5, 5, 5, 5]
         assert all(t.error is None and t.arrival_s <= t.first_token_s <= t.finished_s for t in ts)
-        assert 20 < (b.peak_rss_mib() or 0) < 2048  # the server's own, not this process's
+        assert b.server_pid() == b.proc.pid
+        assert 20 < sysmem.peak_rss_mib(b.server_pid()) < 2048  # the server's own
     finally:
         b.close()
     assert b.proc.poll() is not None

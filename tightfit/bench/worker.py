@@ -26,10 +26,11 @@ from tightfit.bench.workloads import Arrival, BenchRequest
 
 
 def peak_rss_mib(backend: Backend | None = None) -> float:
-    """The backend's own figure when it serves from another process (llama-server), else this
-    worker's peak."""
-    theirs = backend.peak_rss_mib() if backend is not None else None
-    return round(theirs if theirs is not None else sysmem.peak_rss_mib(), 1)
+    """The serving process's peak: a server child's (llama-server) when there is one, else this
+    worker's."""
+    pid = backend.server_pid() if backend is not None else None
+    theirs = sysmem.peak_rss_mib(pid) if pid is not None else 0.0
+    return round(theirs or sysmem.peak_rss_mib(), 1)
 
 
 def _busy_s() -> float:
@@ -37,9 +38,18 @@ def _busy_s() -> float:
     return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
-def _own_cpu_s() -> float:
+def _own_cpu_s(backend: Backend | None = None) -> float:
+    """CPU seconds of this worker and of its serving child, if any (not "other" load)."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    own = r.ru_utime + r.ru_stime
+    pid = backend.server_pid() if backend is not None else None
+    if pid is not None:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            own += t.user + t.system
+        except psutil.Error:
+            pass
+    return own
 
 
 class Worker:
@@ -73,7 +83,7 @@ class Worker:
         requests = [BenchRequest(**{**r, "prompt_ids": tuple(r["prompt_ids"])})
                     for r in task["requests"]]
         load = round(os.getloadavg()[0], 2)
-        busy0, own0, t0 = _busy_s(), _own_cpu_s(), time.perf_counter()
+        busy0, own0, t0 = _busy_s(), _own_cpu_s(backend), time.perf_counter()
         try:
             timings = backend.run(requests, Arrival(**task["arrival"]))
         except Exception as exc:  # noqa: BLE001 - one failed task must not end the sweep
@@ -81,7 +91,8 @@ class Worker:
                       load_avg_1m=load, peak_rss_mib=peak_rss_mib(backend))
             return
         wall = time.perf_counter() - t0
-        others = max(0.0, (_busy_s() - busy0) - (_own_cpu_s() - own0)) / wall if wall > 0 else None
+        others = (max(0.0, (_busy_s() - busy0) - (_own_cpu_s(backend) - own0)) / wall
+                  if wall > 0 else None)
         self.emit(event="task_done", key=task["key"], status="ok",
                   timings=[dataclasses.asdict(t) for t in timings], run_config=backend.run_config(),
                   load_avg_1m=load, other_cpu_cores=others, peak_rss_mib=peak_rss_mib(backend),

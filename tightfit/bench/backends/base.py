@@ -115,8 +115,9 @@ class Backend(ABC):
     def weight_bytes(self) -> int | None:
         return None
 
-    def peak_rss_mib(self) -> float | None:
-        """Peak RSS of the process that serves, when that is not this one (None: this one)."""
+    def server_pid(self) -> int | None:
+        """The process that serves, when that is not this one (llama-server): its peak RSS is
+        the backend's, and its CPU time is not counted as other processes' load."""
         return None
 
     def run_config(self) -> dict[str, Any]:

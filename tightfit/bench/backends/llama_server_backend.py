@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 
-from tightfit import sysmem
 from tightfit.bench.backends.base import Backend, Timing
 from tightfit.bench.backends.openai_client import CompletionsClient, free_port
 from tightfit.bench.backends.tightfit_backend import model_arg
@@ -85,8 +84,8 @@ class LlamaServerBackend(CompletionsClient, Backend):
                                 f"{self._log_tail()}")
         return self.drive(requests, arrival)
 
-    def peak_rss_mib(self) -> float | None:
-        return sysmem.peak_rss_mib(self.proc.pid) or None
+    def server_pid(self) -> int | None:
+        return self.proc.pid
 
     def weight_bytes(self) -> int | None:
         return self.file_bytes
