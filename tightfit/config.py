@@ -155,3 +155,4 @@ class EngineConfig:
     scheduler: SchedulerConfig = SchedulerConfig()
     attention: str = "fast"  # "fast" (batched gather + SDPA) or "reference" (plain torch)
     num_threads: int | None = None
+    compile_decode: bool = False  # decode-only steps through torch.compile (engine/compiled.py)

@@ -115,13 +115,18 @@ TARGETS = HF_SUITE.targets  # kept for callers that knew only the HF comparison
 
 
 def compare_tasks(model: str | None, threads: int, quick: bool,
-                  backends: tuple[str, ...] | None = None, suite: Suite = HF_SUITE) -> list[Task]:
+                  backends: tuple[str, ...] | None = None, suite: Suite = HF_SUITE,
+                  compile_decode: bool = False) -> list[Task]:
     gen = 16 if quick else 64
     out = {"decode": Overrides(output_tokens=gen), "ttft": Overrides(), "prefill": Overrides(),
            "concurrent-16": Overrides(output_tokens=gen)}
     chosen = backends if backends is not None else tuple(suite.plan)
-    return [Task(b, BackendOptions(model=model, quant=suite.quant, threads=threads), scenario,
-                 out[scenario], sweep=SWEEP_NAME)
+    def options(backend: str) -> BackendOptions:
+        extra = {"compile_decode": True} if compile_decode and backend.startswith("tightfit") \
+            else {}
+        return BackendOptions(model=model, quant=suite.quant, threads=threads, extra=extra)
+
+    return [Task(b, options(b), scenario, out[scenario], sweep=SWEEP_NAME)
             for b in chosen for scenario in suite.plan.get(b, _ALL)]
 
 

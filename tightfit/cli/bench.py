@@ -44,6 +44,9 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
                    help="the baseline: hf = HF Transformers fp32 (issue 2's targets); llamacpp = "
                         "llama-bench, llama-server and llama-cpp-python on the file's own 4-bit "
                         "weights (issue 7's targets; build them with `make llamacpp`)")
+    p.add_argument("--compile", action="store_true",
+                   help="tightfit backends run decode steps through torch.compile (the first "
+                        "load compiles for minutes; cached on disk afterwards)")
     p.add_argument("--backends", default=None,
                    help="comma-separated subset of the suite's backends (default: all of them)")
     _store_args(p)
@@ -75,7 +78,8 @@ def run_compare(args: argparse.Namespace) -> int:
     suite = compare.SUITES[args.vs]
     backends = (tuple(b.strip() for b in args.backends.split(",") if b.strip())
                 if args.backends else None)
-    tasks = compare.compare_tasks(args.model, args.threads, args.quick, backends, suite)
+    tasks = compare.compare_tasks(args.model, args.threads, args.quick, backends, suite,
+                                  compile_decode=args.compile)
     rows = session.execute(tasks, _store(args, "compare"), "tightfit bench",
                            args.refresh_fingerprint)
     comp = compare.collect(rows, args.model or "default", args.threads, suite)

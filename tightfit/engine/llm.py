@@ -35,7 +35,8 @@ class LLM:
                  attention: str = "fast", kv_dtype: str = "fp32",
                  swap_bytes: int | str = "256MiB",
                  tiers: tuple[tuple[str, int, float], ...] | None = None,
-                 idle_ttl_s: float | None = 600.0, preemption_mode: str = "auto") -> None:
+                 idle_ttl_s: float | None = 600.0, preemption_mode: str = "auto",
+                 compile_decode: bool = False) -> None:
         if attention not in ("fast", "reference"):
             raise TightfitError(f"attention must be 'fast' or 'reference', got {attention!r}")
         if kv_dtype not in KV_DTYPES:  # checked before the (slow) model load
@@ -61,7 +62,8 @@ class LLM:
                             swap_bytes=swap, tiers=tiers or CacheConfig.tiers,
                             idle_ttl_s=idle_ttl_s)
         cfg = EngineConfig(model=loaded.config, cache=cache, scheduler=sched,
-                           attention=attention, num_threads=self.num_threads)
+                           attention=attention, num_threads=self.num_threads,
+                           compile_decode=compile_decode)
         self.engine = LLMEngine(loaded.model, loaded.tokenizer, cfg)
 
     def derive(self, *, attention: str | None = None, **fields: Any) -> "LLM":

@@ -17,6 +17,7 @@ import torch
 from tightfit.config import CacheConfig, ModelConfig
 from tightfit.engine.attention import (AttentionGroup, AttentionMetadata, Int8KVCache,
                                        make_kv_cache)
+from tightfit.engine.compiled import CompiledDecode
 from tightfit.engine.scheduler import ScheduledSeq, SchedulerOutput
 
 
@@ -33,7 +34,7 @@ def num_kv_blocks(model: ModelConfig, cache: CacheConfig, dtype_bytes: int | Non
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, cfg: ModelConfig, cache: CacheConfig,
-                 num_blocks: int, attention: str = "fast") -> None:
+                 num_blocks: int, attention: str = "fast", compile_decode: bool = False) -> None:
         self.model = model
         self.cfg = cfg
         self.block_size = cache.block_size
@@ -52,6 +53,11 @@ class ModelRunner:
         self._swap: SwapSpace | None = None
         self._swap_bytes = cache.swap_bytes
         self.last_swap_bytes, self.last_swap_s = 0, 0.0
+        self.compiled: CompiledDecode | None = None
+        if compile_decode and attention == "fast" and kv_dtype == "fp32":
+            self.compiled = CompiledDecode.for_model(model)
+            self.compiled.warmup(self.kv_caches, cache.block_size)
+        self.compiled_steps = 0
 
     def _slots(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
         blocks = torch.tensor(block_table, dtype=torch.long)
@@ -177,6 +183,11 @@ class ModelRunner:
             rows_t = torch.empty(0, dtype=torch.long)
         else:
             rows_t = torch.tensor(rows)
+        if (self.compiled is not None and len(rows) == len(ordered)
+                and all(s.num_new_tokens == 1 for s in ordered)
+                and CompiledDecode.eligible(meta, self.kv_caches)):
+            self.compiled_steps += 1
+            return sampling, self.compiled(input_ids, positions, meta, self.kv_caches, rows_t)
         logits = self.model(input_ids, positions, meta, self.kv_caches, rows_t, self.attention)
         return sampling, logits
 

@@ -155,9 +155,21 @@ class DecoderModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                 logits_rows: torch.Tensor | None = None, mode: str = "fast") -> torch.Tensor:
+        return self.forward_hidden(self.embed_tokens(input_ids), positions, meta, kv_caches,
+                                   logits_rows, mode)
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(input_ids)
         if self.embed_scale != 1.0:
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        return x
+
+    def forward_hidden(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                       kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                       logits_rows: torch.Tensor | None = None, mode: str = "fast"
+                       ) -> torch.Tensor:
+        """The layers, final norm and head on embedded tokens x [T, hidden] (the part a compiled
+        decode step runs; the embedding lookup stays eager)."""
         for layer, kv in zip(self.layers, kv_caches):
             x = layer(x, positions, meta, kv, mode)
         if logits_rows is not None:
