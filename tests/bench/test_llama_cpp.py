@@ -63,7 +63,7 @@ def test_peak_rss_of_another_process():
 
 
 def test_llamacpp_suite_judges_each_target_against_its_own_baseline(simulated_compare_rows):
-    rows = simulated_compare_rows({"tightfit": 30.0, "tightfit-http": 20.0, "llamacpp": 25.0,
+    rows = simulated_compare_rows({"tightfit": 30.0, "tightfit-serve": 20.0, "llamacpp": 25.0,
                                     "llama-server": 40.0})
     comp = compare.collect(rows, "default", 2, compare.LLAMACPP_SUITE)
     compare.add_llama_bench(comp, [BenchFigure("pp512", 180.0, 2.0, 3),
@@ -80,7 +80,7 @@ def test_llamacpp_suite_judges_each_target_against_its_own_baseline(simulated_co
     console = Console(width=200, record=True)
     console.print(compare_table(comp))
     text = console.export_text()
-    for head in ("llama-bench", "llama-server", "llama-cpp-python", "tightfit server"):
+    for head in ("llama-bench", "llama-server", "llama-cpp-python", "tightfit serve"):
         assert head in text
     assert ">= 1x llama-bench tg" in text and "<= 1.2x llama-cpp-python" in text
 
@@ -91,7 +91,7 @@ def test_llamacpp_suite_runs_each_backend_on_its_scenarios():
     for t in tasks:
         by.setdefault(t.backend, []).append(t.scenario)
         assert t.options.quant == "native"
-    assert by["llama-server"] == ["concurrent-16"] and by["tightfit-http"] == ["concurrent-16"]
+    assert by["llama-server"] == ["concurrent-16"] and by["tightfit-serve"] == ["concurrent-16"]
     assert "concurrent-16" not in by["llamacpp"]  # its Python API serves one sequence at a time
 
 
@@ -117,3 +117,33 @@ def test_real_llama_server_serves_the_default_model_over_http():
     finally:
         b.close()
     assert b.proc.poll() is not None
+
+
+def test_tightfit_serve_runs_as_its_own_process():
+    """`tightfit serve` started the way a user starts it, driven over HTTP from this process."""
+    from tightfit.bench.backends.base import BackendOptions
+    from tightfit.bench.backends.llama_server_backend import TightfitServeBackend
+    from tightfit.bench.workloads import Arrival, BenchRequest
+
+    b = TightfitServeBackend(BackendOptions(quant="native", threads=1, max_num_seqs=4,
+                                            max_model_len=256, kv_cache_memory="32MiB"))
+    b.load()
+    try:
+        reqs = [BenchRequest(i, tuple(range(300 + i, 320 + i)), 4, None, i % 2) for i in range(3)]
+        ts = b.run(reqs, Arrival("closed", concurrency=3))
+        assert [t.output_tokens for t in ts] == [4, 4, 4]
+        assert all(t.error is None for t in ts)
+        assert b.run_config()["max_num_seqs"] == 4
+        assert 100 < sysmem.peak_rss_mib(b.server_pid()) < 4096
+    finally:
+        b.close()
+    assert b.proc.poll() is not None
+
+
+def test_a_server_that_cannot_start_is_a_clear_error():
+    from tightfit.bench.backends.base import BackendOptions
+    from tightfit.bench.backends.llama_server_backend import TightfitServeBackend
+
+    b = TightfitServeBackend(BackendOptions(quant="int5-nope", threads=1))
+    with pytest.raises(TightfitError, match="tightfit-serve exited with"):
+        b.load()

@@ -5,8 +5,8 @@ Two suites:
 - `hf` (default; issue 2): fp32 weights against HF Transformers fp32 on the same GGUF.
 - `llamacpp` (issue 7): the GGUF's own 4-bit weights (`native`) against llama.cpp on the same
   file: `llama-bench` (tg128 / pp512, llama.cpp's own figures), `llama-server` with parallel
-  slots (16 concurrent requests, served over HTTP as tightfit's server is) and llama-cpp-python
-  (its peak RSS, the issue's memory baseline).
+  slots against `tightfit serve` (both in their own process, 16 concurrent streaming requests)
+  and llama-cpp-python (its peak RSS, the issue's memory baseline).
 Metrics: single-stream decode, TTFT on a short prompt, prefill on a ~510-token prompt, aggregate
 throughput at 16 concurrent requests, peak RSS and load time. Builds tasks and reads
 measurements; the runner runs them.
@@ -97,14 +97,14 @@ HF_SUITE = Suite(
 LLAMACPP_SUITE = Suite(
     "llamacpp", "tightfit vs llama.cpp — {model}, {threads} threads, the file's own weights",
     "native",
-    (("tightfit", "tightfit"), ("tightfit-http", "tightfit server"),
+    (("tightfit", "tightfit"), ("tightfit-serve", "tightfit serve"),
      (LLAMA_BENCH, "llama-bench"), ("llamacpp", "llama-cpp-python"),
      ("llama-server", "llama-server")),
-    {"tightfit": _ALL, "tightfit-http": ("concurrent-16",),
+    {"tightfit": _ALL, "tightfit-serve": ("concurrent-16",),
      "llamacpp": ("decode", "ttft", "prefill"), "llama-server": ("concurrent-16",)},
     {t.metric: t for t in (
         Target("decode_tok_s", "ratio_min", 1.0, base=LLAMA_BENCH, base_label="llama-bench tg"),
-        Target("aggregate_tok_s", "ratio_min", 1.0, ours="tightfit-http", base="llama-server",
+        Target("aggregate_tok_s", "ratio_min", 1.0, ours="tightfit-serve", base="llama-server",
                base_label="llama-server"),
         Target("peak_rss_mib", "ratio_max", 1.2, base="llamacpp",
                base_label="llama-cpp-python"))},

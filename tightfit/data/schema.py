@@ -92,7 +92,8 @@ class ModelDescriptor(_Strict):
 
 
 class RunConfig(_Strict):
-    backend: str = key("bench backend: tightfit | tightfit-http | hf | llamacpp | llama-server")
+    backend: str = key("bench backend: tightfit | tightfit-http | tightfit-serve | hf | llamacpp | "
+                       "llama-server")
     engine: str = key("engine family, as the predictor names it: tightfit | hf-transformers | "
                       "llama.cpp")
     threads: int = key("threads the backend used")

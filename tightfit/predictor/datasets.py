@@ -214,8 +214,9 @@ def load_all(directory: Path | None = None) -> tuple[list[Observation], Counter[
 
 # --- tightfit's own measurements (the bench's JSONL dataset) -----------------------------------
 
-_BACKEND_ENGINE = {"tightfit": "tightfit", "hf": "hf-transformers", "llamacpp": "llama.cpp",
-                   "llama.cpp": "llama.cpp", "tightfit-server": "tightfit"}
+_BACKEND_ENGINE = {"tightfit": "tightfit", "tightfit-http": "tightfit", "tightfit-serve": "tightfit",
+                   "hf": "hf-transformers", "llamacpp": "llama.cpp", "llama.cpp": "llama.cpp",
+                   "llama-server": "llama.cpp"}
 
 
 def _own_quant(weight_format: str, file_format: str | None) -> str:

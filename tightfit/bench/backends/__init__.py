@@ -22,11 +22,14 @@ BACKENDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "llamacpp": ("tightfit.bench.backends.llamacpp_backend", "LlamaCppBackend", ("llama_cpp",)),
     "llama-server": ("tightfit.bench.backends.llama_server_backend", "LlamaServerBackend",
                      ("httpx",)),
+    "tightfit-serve": ("tightfit.bench.backends.llama_server_backend", "TightfitServeBackend",
+                       ("httpx", "torch", "tightfit.server.app")),
     "simulated": ("tightfit.bench.backends.simulated", "SimulatedBackend", ()),
 }
 ALIASES = {"hf-transformers": "hf", "transformers": "hf", "llama.cpp": "llamacpp",
            "llama-cpp": "llamacpp", "llama-cpp-python": "llamacpp", "http": "tightfit-http",
-           "llama.cpp-server": "llama-server", "llama_server": "llama-server"}
+           "llama.cpp-server": "llama-server", "llama_server": "llama-server",
+           "serve": "tightfit-serve"}
 # backend -> programs it runs (found by tightfit.bench.llama_cpp_tools.find_binary)
 BINARIES: dict[str, tuple[str, ...]] = {"llama-server": ("llama-server",)}
 INSTALL_HINT = {
