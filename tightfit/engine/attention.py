@@ -39,6 +39,8 @@ class AttentionMetadata:
     # Studies only: attend(attention module, q [T, H, D], k, v [T, Hkv, D]) -> [T, H, D] replaces
     # the paged cache (no K/V written), e.g. to replay token eviction over one sequence.
     attend: Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    # Rotary cos/sin rows of this step's positions, filled by the first layer that needs them.
+    rope: dict[float, tuple[torch.Tensor, ...]] = field(default_factory=dict)
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,7 +24,13 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """NeoX-style rotary embedding (rotate-half) with a precomputed cos/sin table."""
+    """NeoX-style rotary embedding (rotate-half) with a precomputed cos/sin table.
+
+    rotate_half(x) * sin == roll(x, D/2) * sin_signed, with sin_signed = [-sin_lo, sin_hi]: one
+    roll instead of two slices, a negation and a concatenation (bit-identical: only signs move).
+    The table rows for a step's positions are looked up once per step and rotary module (in
+    `cache`, the step's AttentionMetadata.rope), not once per layer and tensor.
+    """
 
     def __init__(self, head_dim: int, base: float, max_position: int) -> None:
         super().__init__()
@@ -32,16 +38,28 @@ class Rotary(nn.Module):
                                    / head_dim))
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
+        half = head_dim // 2
+        sin = emb.sin()
+        sin[:, :half] = -sin[:, :half]
         self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.register_buffer("sin_signed", sin, persistent=False)
+        self.half = half
+        self.key = float(base)  # distinguishes the global and local tables of one model
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def tables(self, positions: torch.Tensor, cache: dict[float, tuple[torch.Tensor, ...]] | None
+               ) -> tuple[torch.Tensor, ...]:
+        found = cache.get(self.key) if cache is not None else None
+        if found is None:
+            found = (self.cos[positions].unsqueeze(1), self.sin_signed[positions].unsqueeze(1))
+            if cache is not None:
+                cache[self.key] = found
+        return found
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor,
+                cache: dict[float, tuple[torch.Tensor, ...]] | None = None) -> torch.Tensor:
         """x [T, H, D], positions [T]."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+        cos, sin = self.tables(positions, cache)
+        return x * cos + x.roll(self.half, -1) * sin
 
 
 class GatedMLP(nn.Module):

@@ -76,7 +76,7 @@ class Attention(nn.Module):
         v = qkv[:, nq + nk:].reshape(t, self.n_kv, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(q, positions), self.rotary(k, positions)
+        q, k = self.rotary(q, positions, meta.rope), self.rotary(k, positions, meta.rope)
         if meta.attend is not None:  # a study's own attention over this layer's q, k, v
             return self.o(meta.attend(self, q, k, v).reshape(t, -1))
         k_cache, v_cache = kv  # [num_blocks, block_size, Hkv, D]
