@@ -34,7 +34,8 @@ ALIASES = {"hf-transformers": "hf", "transformers": "hf", "llama.cpp": "llamacpp
 BINARIES: dict[str, tuple[str, ...]] = {"llama-server": ("llama-server",)}
 INSTALL_HINT = {
     "hf": "pip install -e '.[reference]'",
-    "llamacpp": "pip install -e '.[llamacpp]' (builds llama.cpp, ~18 min on 2 cores)",
+    "llamacpp": "`make llamacpp` builds it with llama-bench and llama-server, ~10-20 min on 2 "
+                "cores; or pip install -e '.[llamacpp]' for the bindings alone",
     "tightfit-http": "the tightfit server (tightfit.server.app) is not part of this checkout yet",
 }
 

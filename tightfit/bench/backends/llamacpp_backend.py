@@ -1,9 +1,10 @@
 """llama.cpp through llama-cpp-python, on the GGUF's own stored weights (weight format `native`).
 
-Optional: skipped with a clear message when `llama_cpp` is not importable (it compiles for ~18
-minutes; `pip install -e '.[llamacpp]'`). Its Python API serves one sequence at a time, so
-requests run one after another whatever the scenario's concurrency (recorded as batch size 1);
-llama.cpp's own server, for concurrency, is not driven from here yet.
+Optional: skipped with a clear message when `llama_cpp` is not importable (`make llamacpp`
+builds it on the same library as llama-bench and llama-server). Its Python API serves one
+sequence at a time, so requests run one after another whatever the scenario's concurrency
+(recorded as batch size 1); for concurrency, llama.cpp's own server is the `llama-server`
+backend.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from typing import Any
 try:
     import llama_cpp
 except ImportError as exc:  # the registry turns this into a clear "not installed" message
-    raise ImportError("llama-cpp-python is not installed (optional; pip install -e "
-                      "'.[llamacpp]', about 18 minutes to build on 2 cores)") from exc
+    raise ImportError("llama-cpp-python is not installed (optional; `make llamacpp`, about "
+                      "10-20 minutes to build on 2 cores)") from exc
 
 from tightfit.bench.backends.base import Admission, Backend, Timing, now_since
 from tightfit.bench.backends.tightfit_backend import model_arg
