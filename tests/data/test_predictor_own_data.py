@@ -55,3 +55,21 @@ def test_own_observations_are_predictable(tmp_path, make_row):
     obs, _ = datasets.load_own([_write(tmp_path, [_decode_row(make_row, "a")])])
     for _o, p in analytic_only(obs):
         assert p.decode_tok_s > 0 and p.peak_memory_gb > 0
+
+
+def test_llama_cpp_rows_join_and_are_scored_per_engine(tmp_path, make_row):
+    from tightfit.predictor import report
+    from tightfit.predictor.evaluate import analytic_only
+
+    rows = [_decode_row(make_row, "t", **{"model.weight_format": "native"}),
+            _decode_row(make_row, "l", **{"config.backend": "llamacpp",
+                                          "model.weight_format": "native",
+                                          "results.decode_tok_s": 90.0})]
+    obs, _ = datasets.load_own([_write(tmp_path, rows)])
+    assert {o.scenario.engine for o in obs} == {"tightfit", "llama.cpp"}
+    per = report._per_engine(analytic_only(obs))
+    assert set(per) == {"tightfit", "llama.cpp"}
+    assert per["llama.cpp"]["decode_tok_s"]["n"] == 1
+    text = report.render({"n_observations": len(obs), "rules": {},
+                          "per_engine": {"device": per}})
+    assert "tightfit dataset per engine" in text and "llama.cpp" in text

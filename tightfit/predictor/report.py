@@ -41,8 +41,18 @@ def run(splits: tuple[str, ...] = ("device", "model"), screen: bool = True,
         out[f"held_out_{split}"] = {k: evaluate.summarise(pairs, v) for k, v in SOURCES.items()}
         if split == "device":
             out["per_device"] = _per_device(pairs)
+        out.setdefault("per_engine", {})[split] = _per_engine(pairs)
     out["_pairs"] = pairs_by_split
     return out
+
+
+def _per_engine(pairs: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """Held-out scores of tightfit's own dataset, one engine at a time (tightfit, HF, llama.cpp
+    measured on the same machine)."""
+    engines = sorted({o.scenario.engine for o, _ in pairs if o.source == "tightfit"})
+    return {e: evaluate.summarise([(o, p) for o, p in pairs
+                                   if o.source == "tightfit" and o.scenario.engine == e])
+            for e in engines}
 
 
 def _per_device(pairs: list[Any]) -> dict[str, dict[str, float]]:
@@ -75,6 +85,16 @@ def render(result: dict[str, Any]) -> str:
                     lines.append(f"{metric:16s}{s['n']:5d}" + "".join(
                         f"{_fmt(s[k]):>8s}" for k in ("mape", "median", "p90", "max")) +
                         f"{_fmt(s['r2_log']):>7s}")
+    for split, engines in result.get("per_engine", {}).items():
+        if not engines:
+            continue
+        lines += ["", f"[held_out_{split}: tightfit dataset per engine]",
+                  f"{'engine':18s}{'metric':16s}{'n':>5s}{'MAPE%':>8s}{'max%':>8s}"]
+        for engine, table in engines.items():
+            for metric, s in table.items():
+                if metric != "fits":
+                    lines.append(f"{engine:18s}{metric:16s}{s['n']:5d}{_fmt(s['mape']):>8s}"
+                                 f"{_fmt(s['max']):>8s}")
     if "per_device" in result:
         lines += ["", "[held_out_device: decode per device]", f"{'device':32s}{'n':>5s}{'MAPE%':>8s}{'max%':>8s}"]
         for d, s in result["per_device"].items():
