@@ -56,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)  # refuse bad options before the (slow) model load
     print(f"loading {args.model or 'the embedded default model'} ...", file=sys.stderr, flush=True)
+    if getattr(args, "compile", False):
+        print("compiling the decode step (--compile): minutes on the first start, about a minute "
+              "once Inductor's disk cache holds it ...", file=sys.stderr, flush=True)
     llm = build_llm(args, max_num_seqs=args.max_num_seqs)
     app = create_app(llm, config)
     name = config.model_name or default_model_name(llm)

@@ -4,8 +4,8 @@ dispatches per layer. Opt-in (`LLM(compile_decode=True)`, `--compile`).
 
 Why: single-stream decode of the default model spends ~55% of each step outside the matmuls
 (norms, rotary, views, casts; docs/performance.md); the compiled 30 layers run in ~8 ms against
-~18 ms eager. Cost: compiling the two variants (one sequence; several) takes ~1.5-2 minutes per
-variant on 2 cores the first time; Inductor's on-disk cache brings later loads to seconds.
+~18 ms eager. Cost: compiling the two variants (one sequence; several) took ~4 minutes on 2
+cores the first time, and 70-140 s once Inductor's on-disk cache holds them.
 
 Only decode-only steps with one length bucket, fast attention and an fp32 KV cache take this
 path; prefill, mixed steps, int8 KV and studies run eagerly, so results never depend on it
