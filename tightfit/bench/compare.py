@@ -120,7 +120,8 @@ def compare_tasks(model: str | None, threads: int, quick: bool,
     gen = 16 if quick else 64
     out = {"decode": Overrides(output_tokens=gen), "ttft": Overrides(), "prefill": Overrides(),
            "concurrent-16": Overrides(output_tokens=gen)}
-    chosen = backends if backends is not None else tuple(suite.plan)
+    # llama-bench is a program the CLI runs after the backends, not a backend
+    chosen = [b for b in (backends if backends is not None else suite.plan) if b != LLAMA_BENCH]
     def options(backend: str) -> BackendOptions:
         extra = {"compile_decode": True} if compile_decode and backend.startswith("tightfit") \
             else {}

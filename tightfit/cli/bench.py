@@ -101,13 +101,14 @@ def _llama_bench(comp: Any, args: argparse.Namespace) -> None:
     from rich.console import Console
 
     from tightfit.bench import compare, llama_cpp_tools
+    from tightfit.bench.backends.tightfit_backend import model_arg
     from tightfit.engine.loader.resolve import resolve_model
 
     if llama_cpp_tools.find_binary("llama-bench") is None:
         comp.notes.append(f"llama-bench skipped: not found ({llama_cpp_tools.BUILD_HINT})")
         return
     gen = 16 if args.quick else 128
-    path = resolve_model(args.model if args.model not in (None, "default") else None)
+    path = resolve_model(model_arg(args.model))
     with Console(stderr=True).status(f"llama-bench -p 512 -n {gen} -t {args.threads}"):
         try:
             figures = llama_cpp_tools.run_llama_bench(path, args.threads, 512, gen)

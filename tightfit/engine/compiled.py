@@ -14,7 +14,6 @@ Shapes are dynamic (context length, batch, pool size); size-1 batches are a sepa
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -29,7 +28,7 @@ class CompiledDecode:
         self.model = model
         self.sliding = bool(model.cfg.has_sliding_layers)
         self.fn = torch.compile(self._run, dynamic=True, options={"cpp_wrapper": True})
-        self.compile_s = 0.0
+        self.warmed = False
 
     @classmethod
     def for_model(cls, model: torch.nn.Module) -> CompiledDecode:
@@ -50,6 +49,8 @@ class CompiledDecode:
 
     @staticmethod
     def eligible(meta: AttentionMetadata, kv_caches: list[tuple[Any, Any]]) -> bool:
+        """A decode-only step in one length bucket (prepare() gives every prefill chunk its own
+        group), reading the paged cache, with an fp32 KV cache."""
         return (len(meta.groups) == 1 and meta.groups[0].q_len == 1
                 and meta.groups[0].kv_index is not None and meta.attend is None
                 and isinstance(kv_caches[0][0], torch.Tensor))
@@ -70,9 +71,11 @@ class CompiledDecode:
                        kv_caches)
 
     def warmup(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int) -> None:
-        """Compiles both variants (one sequence; two) now, not on the first request. Writes K/V
-        into slots of block 0, which holds no sequence yet."""
-        t0 = time.perf_counter()
+        """Compiles both variants (one sequence; two) now, not on the first request; once per
+        model (shapes are dynamic, so later engines' pools need no new variant). Writes K/V into
+        slots of block 0, which holds no sequence yet."""
+        if self.warmed:
+            return
         slots = min(block_size, kv_caches[0][0].shape[0] * kv_caches[0][0].shape[1])
         with torch.inference_mode():  # as in ModelRunner.execute: guards see inference tensors
             for batch in (1, 2):
@@ -82,4 +85,4 @@ class CompiledDecode:
                                          groups=[AttentionGroup(0, batch, 1, index, None)])
                 self(torch.zeros(batch, dtype=torch.long), torch.full((batch,), ctx - 1), meta,
                      kv_caches, torch.arange(batch))
-        self.compile_s += time.perf_counter() - t0
+        self.warmed = True

@@ -184,7 +184,6 @@ class ModelRunner:
         else:
             rows_t = torch.tensor(rows)
         if (self.compiled is not None and len(rows) == len(ordered)
-                and all(s.num_new_tokens == 1 for s in ordered)
                 and CompiledDecode.eligible(meta, self.kv_caches)):
             self.compiled_steps += 1
             return sampling, self.compiled(input_ids, positions, meta, self.kv_caches, rows_t)
