@@ -159,6 +159,12 @@ def test_clip_methods_and_bad_settings() -> None:
         CalibrationSettings(clip="median")
     with pytest.raises(TightfitError, match="sequences=0"):
         CalibrationSettings(sequences=0)
+    with pytest.raises(TightfitError, match=r"damping candidates must be in \(0, 10\), got \(0.01, -1"):
+        CalibrationSettings(gptq_damp=(0.01, -1.0))
+    with pytest.raises(TightfitError, match="unknown GPTQ inputs 'int8'"):
+        CalibrationSettings(gptq_inputs="int8")
+    with pytest.raises(TightfitError, match="gptq_holdout must be >= 0, got -2"):
+        CalibrationSettings(gptq_holdout=-2)
 
 
 def test_native_member_forces_run_time_scales_and_mixed_groups_split() -> None:

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tightfit.engine.quant.gptq import (
-    QuantizedWeight, gptq_int4, gram_matrix, pack_codes, with_codes)
+    GramSplit, QuantizedWeight, asymmetric_target, gptq_int4, gptq_int4_select, gram_matrix, output_error,
+    pack_codes, with_codes)
 from tightfit.engine.quant.reference import dequantize_int4, quantize_int4
 from tightfit.errors import TightfitError
 
@@ -56,6 +57,68 @@ def test_grid_weight_and_pack_round_trip() -> None:
     assert torch.equal(QuantizedWeight(q).dequantize(), dequantize_int4(q))
 
 
+def test_output_error_is_the_mean_squared_output_error() -> None:
+    x = _correlated_inputs(256, 64)
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(5))
+    q = quantize_int4(w, 32)
+    assert output_error(w, q, gram_matrix(x)) == pytest.approx(_out_err(x, w, q), rel=1e-4)
+
+
+def test_gram_split_holds_out_every_nth_sequence() -> None:
+    tokens, seqs = 8, 16
+    x = _correlated_inputs(seqs * tokens, 32)
+    g = GramSplit.of(x, None, tokens, every=8)
+    xs = x.reshape(seqs, tokens, 32)
+    assert torch.allclose(g.held, gram_matrix(xs[[7, 15]]))
+    assert torch.allclose(g.fit, gram_matrix(xs[[i for i in range(seqs) if i not in (7, 15)]]))
+    assert torch.allclose(g.all, (14 * g.fit + 2 * g.held) / 16)
+    assert GramSplit.of(x, None, tokens, every=0).fit is None  # no split asked
+    assert GramSplit.of(x[:4], None, tokens, every=8).fit is None  # less than two sequences
+    few = GramSplit.of(x[:3 * tokens], None, tokens, every=8)  # fewer than `every`: the last
+    assert torch.allclose(few.held, gram_matrix(xs[2]))
+
+
+def test_damping_is_chosen_on_held_out_sequences() -> None:
+    """Few calibration tokens for many inputs: with little damping GPTQ fits the calibration
+    Gram matrix and does worse on new inputs; the choice is made on held-out sequences, and
+    the chosen damping rounds better on fresh inputs than the smallest candidate."""
+    tokens = 16
+    x = _correlated_inputs(12 * tokens, 128, seed=6)
+    fresh = _correlated_inputs(4096, 128, seed=7)
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(8)) * 0.05
+    grams = GramSplit.of(x, None, tokens, every=4)
+    damps = (1e-4, 0.01, 0.1, 1.0)
+    q, chosen = gptq_int4_select(w, grams, 32, damps=damps)
+    held_err = {d: output_error(w, gptq_int4(w, grams.fit, 32, damp=d), grams.held)
+                for d in damps}
+    assert chosen == min(held_err, key=held_err.__getitem__)
+    assert torch.equal(q.codes, gptq_int4(w, grams.all, 32, damp=chosen).codes)
+    h_fresh = gram_matrix(fresh)
+    smallest = gptq_int4(w, grams.all, 32, damp=damps[0])
+    assert chosen > damps[0]
+    assert output_error(w, q, h_fresh) < output_error(w, smallest, h_fresh)
+    # One candidate: no choice, rounded on all tokens.
+    one, d = gptq_int4_select(w, grams, 32, damps=(0.05,))
+    assert d == 0.05 and torch.equal(one.codes, gptq_int4(w, grams.all, 32, damp=0.05).codes)
+    with pytest.raises(TightfitError, match="at least one damping"):
+        gptq_int4_select(w, grams, 32, damps=())
+
+
+def test_asymmetric_target_reproduces_the_reference_output() -> None:
+    """Inputs perturbed by earlier rounding: the adjusted weight on the perturbed inputs matches
+    the fp32 output better than the weight itself; with unperturbed inputs it is the weight."""
+    g = torch.Generator().manual_seed(9)
+    x = _correlated_inputs(1024, 64)
+    xq = x + 0.2 * torch.randn(x.shape, generator=g) @ torch.randn(64, 64, generator=g) * 0.3
+    w = torch.randn(16, 64, generator=g)
+    adj = asymmetric_target(w, x, xq, damp=1e-4)
+    ref = x @ w.t()
+    assert float((xq @ adj.t() - ref).pow(2).mean()) < 0.5 * float((xq @ w.t() - ref).pow(2).mean())
+    assert torch.allclose(asymmetric_target(w, x, x, damp=1e-6), w, atol=1e-2)  # ridge only
+    with pytest.raises(TightfitError, match="same tokens"):
+        asymmetric_target(w, x, x[:10])
+
+
 def test_bad_shapes_name_the_mismatch() -> None:
     with pytest.raises(TightfitError, match=r"\(32, 32\) does not match a weight with 64"):
         gptq_int4(torch.zeros(8, 64), torch.eye(32), 32)
@@ -79,11 +142,15 @@ def test_awq_builder_with_gptq_is_closer_to_fp32_and_replays_from_cache(tmp_path
     ref = _logits(DecoderModel(cfg, _tiny_weights(cfg)), cfg, ids)
     plan = PrecisionPlan.parse("int4-awq-g64")
     errs = {}
-    for gptq in (False, True):
-        settings = CalibrationSettings(sequences=4, tokens=64, search_tokens=256, gptq=gptq)
+    for gptq, inputs in ((False, "fp32"), (True, "fp32"), (True, "quantized"),
+                         (True, "asymmetric")):
+        settings = CalibrationSettings(sequences=4, tokens=64, search_tokens=256, gptq=gptq,
+                                       gptq_inputs=inputs)
         model = build_awq_model(cfg, _tiny_weights(cfg), plan, ByteTokenizer(), settings)
-        errs[gptq] = _rel(_logits(model, cfg, ids), ref)
-    assert errs[True] < errs[False], errs
-    # The cached codes rebuild the same model without calibration (no tokenizer).
+        errs[gptq, inputs] = _rel(_logits(model, cfg, ids), ref)
+    for inputs in ("fp32", "quantized", "asymmetric"):
+        assert errs[True, inputs] < errs[False, "fp32"], errs
+    # The cached codes (asymmetric targets, damping chosen per projection) rebuild the same model
+    # without calibration (no tokenizer).
     again = build_awq_model(cfg, _tiny_weights(cfg), plan, None, settings)
     assert torch.equal(_logits(again, cfg, ids), _logits(model, cfg, ids))

@@ -8,7 +8,8 @@ act(gate) * up); search scales s for the groups holding AWQ projections; fold 1/
 head has its own KV head) or, where no exact fold exists (o under GQA, an upstream op kept
 `native`), divide the input by s at run time (Int4Linear's input_scale); search each weight
 group's quantisation range (all but q/k; asymmetric `gram_search_range` by default); quantise
-per the plan; then push the calibration states through the QUANTISED layer, so later layers are
+per the plan (int4: GPTQ error feedback on that grid, its damping chosen per projection on
+held-out calibration sequences); then push the calibration states through the QUANTISED layer, so later layers are
 calibrated on the activations they will really see. The output head gets the same scaling
 (folded into the final norm; searched on a seeded subset of vocabulary rows) but no range
 search: on a 49k-262k-row head it would cost minutes.
@@ -41,7 +42,7 @@ from tightfit.engine.quant.awq_cache import cache_key, cache_path, read_cache, w
 from tightfit.engine.quant.awq_search import apply_range, gram_search_range, gram_search_scales
 from tightfit.engine.quant.formats import WeightFormat
 from tightfit.engine.quant.gptq import (
-    QuantizedWeight, gptq_int4, gram_matrix, pack_codes, with_codes)
+    GramSplit, QuantizedWeight, asymmetric_target, gptq_int4_select, pack_codes, with_codes)
 from tightfit.engine.quant.linear import Int4Linear, Int8Linear
 from tightfit.engine.quant.plan import PlanLinearFactory, PrecisionPlan, SplitLinear
 from tightfit.engine.quant.reference import concat_rows, quantize_int4, quantize_int8
@@ -59,6 +60,7 @@ _CLIP_TOKENS = 512
 _ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
 _NO_CLIP = ("q_proj", "k_proj")  # their error is amplified by the softmax (AWQ paper)
 _CLIP_METHODS = ("range", "symmetric", "none")
+_GPTQ_INPUTS = ("fp32", "quantized", "asymmetric")
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,12 @@ class CalibrationSettings:
     loss; `n_grid` + 1 exponents alpha tried. `clip`: per-group range search after scaling:
     "range" (asymmetric, `gram_search_range`), "symmetric" (awq.search_clip, the paper's) or
     "none". `gptq`: round the int4 codes with GPTQ error feedback (gptq.py) on the grid the
-    scaling and range search chose, instead of to nearest."""
+    scaling and range search chose, instead of to nearest; `gptq_damp`: its damping candidates,
+    chosen per projection by the output error on every `gptq_holdout`-th calibration sequence
+    (rounded on the others; one candidate or `gptq_holdout` 0: no choice); `gptq_inputs`: the
+    inputs each linear group after the first is rounded for: "fp32" (the fp32 layer's), "quantized"
+    (those of the layer whose earlier groups are already rounded, GPTQ's "true sequential") or
+    "asymmetric" (those, with the target the fp32 layer's output: gptq.asymmetric_target)."""
 
     sequences: int = 64
     tokens: int = 512
@@ -76,10 +83,21 @@ class CalibrationSettings:
     n_grid: int = 20
     clip: str = "range"
     gptq: bool = True
+    gptq_damp: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3)
+    gptq_holdout: int = 8
+    gptq_inputs: str = "asymmetric"
 
     def __post_init__(self) -> None:
         if self.sequences < 1 or self.tokens < 2 or self.search_tokens < 1 or self.n_grid < 1:
             raise TightfitError(f"invalid AWQ calibration settings {self}")
+        if not self.gptq_damp or any(not 0 < d < 10 for d in self.gptq_damp):
+            raise TightfitError(f"GPTQ damping candidates must be in (0, 10), got "
+                                f"{self.gptq_damp}")
+        if self.gptq_inputs not in _GPTQ_INPUTS:
+            raise TightfitError(f"unknown GPTQ inputs {self.gptq_inputs!r}; valid: "
+                                f"{', '.join(_GPTQ_INPUTS)}")
+        if self.gptq_holdout < 0:
+            raise TightfitError(f"gptq_holdout must be >= 0, got {self.gptq_holdout}")
         if self.clip not in _CLIP_METHODS:
             raise TightfitError(f"unknown AWQ clip method {self.clip!r}; valid: "
                                 f"{', '.join(_CLIP_METHODS)}")
@@ -216,7 +234,8 @@ class _Builder:
         if not self.calibrating:
             self._replay_layer(lw, self.search["layers"][i])
         elif hidden is not None and self._has_awq(i):
-            self.search["layers"].append(self._search_layer(lw, self._capture(lw, hidden, rope)))
+            self.search["layers"].append(
+                self._search_layer(lw, self._capture(lw, hidden, rope), hidden, rope))
         else:
             self.search["layers"].append({"scales": {}, "clip": {}})
         layer = DecoderLayer(self.cfg, i, dict(lw.tensors), self._recording_factory(lw), rope)
@@ -255,8 +274,8 @@ class _Builder:
     def _awq_members(self, lw: _LayerWeights, group: _Group) -> list[str]:
         return [m for m in group.members if self.plan.format_for(lw.proj_name(m)).awq]
 
-    def _search_layer(self, lw: _LayerWeights, inputs: dict[str, torch.Tensor]
-                      ) -> dict[str, Any]:
+    def _search_layer(self, lw: _LayerWeights, inputs: dict[str, torch.Tensor],
+                      hidden: list[torch.Tensor], rope: Rotary) -> dict[str, Any]:
         found: dict[str, Any] = {"scales": {}, "clip": {}}
         for group in _groups(self.cfg):
             members = self._awq_members(lw, group)
@@ -281,27 +300,68 @@ class _Builder:
                 lw.unclipped[name] = lw.current(name)
                 self._apply_clip(lw, m, found["clip"][m])
         if self.settings.gptq:
-            found["gptq"] = self._gptq_layer(lw, inputs, found["scales"])
+            found["gptq"], found["gptq_damp"] = self._gptq_layer(lw, inputs, found["scales"],
+                                                                 hidden, rope)
         return found
 
     def _gptq_layer(self, lw: _LayerWeights, inputs: dict[str, torch.Tensor],
-                    scales: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+                    scales: dict[str, torch.Tensor], hidden: list[torch.Tensor], rope: Rotary
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """Rounds every AWQ projection of the layer with GPTQ, once all scales are folded (a
-        later group's fold rescales an earlier group's rows), on the grid of its final weight."""
+        later group's fold rescales an earlier group's rows), on the grid of its final weight.
+        Groups go in forward order; unless `gptq_inputs` is "fp32" each group after the first
+        takes its inputs from the layer as quantised so far."""
         packed: dict[str, torch.Tensor] = {}
-        for group in _groups(self.cfg):
+        damps: dict[str, float] = {}
+        for n, group in enumerate(_groups(self.cfg)):
             members = self._awq_members(lw, group)
             if not members:
                 continue
-            h = gram_matrix(inputs[group.hook], scales[group.key])
+            x_ref = inputs[group.hook] / scales[group.key]
+            x = x_ref
+            if n and self.settings.gptq_inputs != "fp32":
+                x = self._capture_quantized(lw, group.hook, hidden, rope)
+                if lw.proj_name(members[0]) in lw.runtime:  # else the fold already scaled it
+                    x = x / scales[group.key]
+            grams = GramSplit.of(x, None, self.settings.tokens, self.settings.gptq_holdout)
+            asymmetric = x is not x_ref and self.settings.gptq_inputs == "asymmetric"
             for m in members:
                 name = _wname(lw.index, m)
                 grid = lw.current(name)
-                q = gptq_int4(lw.unclipped.pop(name, grid), h, self._group_size(lw, m),
-                              grid_weight=grid)
+                target = lw.unclipped.pop(name, grid)
+                if asymmetric:
+                    target = asymmetric_target(target, x_ref, x)
+                q, damps[m] = gptq_int4_select(target, grams,
+                                               self._group_size(lw, m), grid_weight=grid,
+                                               damps=self.settings.gptq_damp)
                 packed[m] = pack_codes(q)
                 lw.tensors[name] = QuantizedWeight(q)
-        return packed
+        log.debug("layer %d GPTQ damping: %s", lw.index, damps)
+        return packed, damps
+
+    def _capture_quantized(self, lw: _LayerWeights, hook: str, hidden: list[torch.Tensor],
+                           rope: Rotary) -> torch.Tensor:
+        """The input of `hook` in the layer built from its current tensors (projections GPTQ
+        has rounded keep their codes; the rest are rounded to nearest, which does not matter:
+        only what runs before `hook` shapes its input). Each chunk stops at the hook."""
+        layer = DecoderLayer(self.cfg, lw.index, dict(lw.tensors),
+                             _AWQFactory(self.plan, lw.runtime), rope)
+        seen: list[torch.Tensor] = []
+
+        def grab(_m: nn.Module, args: tuple[Any, ...]) -> None:
+            seen.append(args[0].detach())
+            raise _Captured
+
+        handle = layer.get_submodule(hook).register_forward_pre_hook(grab)
+        try:
+            for h in hidden:
+                try:
+                    _run_layer(layer, [h], self.cfg, self.settings.tokens)
+                except _Captured:
+                    pass
+        finally:
+            handle.remove()
+        return torch.cat(seen)
 
     def _search_clip(self, w: torch.Tensor, x: torch.Tensor, group_size: int, layer: int
                      ) -> torch.Tensor:
@@ -404,8 +464,12 @@ class _Builder:
             head_obj = _dense(head_obj) * s
             if self.settings.gptq:
                 if x is not None:
-                    q = gptq_int4(head_obj, gram_matrix(x, s), fmt.group_size)
+                    grams = GramSplit.of(x, s, self.settings.tokens, self.settings.gptq_holdout)
+                    q, damp = gptq_int4_select(head_obj, grams, fmt.group_size,
+                                               damps=self.settings.gptq_damp)
                     self.search["head_gptq"] = pack_codes(q)
+                    self.search["head_gptq_damp"] = damp
+                    log.debug("head GPTQ damping: %s", damp)
                 else:
                     q = with_codes(head_obj, fmt.group_size, self.search["head_gptq"])
                 head_obj = QuantizedWeight(q)
@@ -441,6 +505,10 @@ class _Builder:
         log.debug("head: alpha %.2f, loss %.3g (round-to-nearest %.3g)", res.alpha, res.loss,
                   res.rtn_loss)
         return res.scales
+
+
+class _Captured(Exception):
+    """Raised by a capture hook to stop the layer once the input it wants is recorded."""
 
 
 # -- linear factories ------------------------------------------------------------------------

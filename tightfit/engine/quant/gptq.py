@@ -105,6 +105,84 @@ def gptq_int4(weight: torch.Tensor, gram: torch.Tensor, group_size: int, *,
                        group_size=group_size, in_features=in_f)
 
 
+def output_error(weight: torch.Tensor, q: Int4Weights, gram: torch.Tensor) -> float:
+    """Mean squared output error tr(dW H dW.T) / out of codes `q` against `weight` [out, in] on
+    inputs with Gram matrix `gram` (the quantity GPTQ minimises on its own inputs)."""
+    dw = dequantize_int4(q) - weight.detach().to(torch.float32)
+    return float(((dw @ gram.to(torch.float32)) * dw).sum(dtype=torch.float64)) / dw.shape[0]
+
+
+def asymmetric_target(weight: torch.Tensor, x_ref: torch.Tensor, x_q: torch.Tensor, *,
+                      damp: float = DEFAULT_DAMP) -> torch.Tensor:
+    """The weight that, fed the inputs the quantised model really produces (`x_q`), best
+    reproduces the fp32 outputs `x_ref @ weight.T` (least squares, `damp` ridge):
+    W C (H_q + d I)^-1 with C = x_ref.T x_q / n and H_q = x_q.T x_q / n. Rounding it with GPTQ
+    on H_q then minimises ||x_q Q.T - x_ref W.T||, the layer's error measured against the fp32
+    output rather than against the same weight on perturbed inputs ("asymmetric calibration")."""
+    xr = x_ref.detach().reshape(-1, x_ref.shape[-1]).to(torch.float32)
+    xq = x_q.detach().reshape(-1, x_q.shape[-1]).to(torch.float32)
+    if xr.shape != xq.shape:
+        raise TightfitError(f"reference inputs {tuple(xr.shape)} and quantised-model inputs "
+                            f"{tuple(xq.shape)} must hold the same tokens")
+    h = torch.zeros(xq.shape[1], xq.shape[1], dtype=torch.float64)
+    c = torch.zeros_like(h)
+    for a, b in zip(xr.split(8192), xq.split(8192)):
+        h += (b.t() @ b).to(torch.float64)
+        c += (a.t() @ b).to(torch.float64)
+    diag = torch.diagonal(h)
+    h += torch.eye(h.shape[0], dtype=torch.float64) * (damp * float(diag.mean()) + 1e-12)
+    # W_adj.T = H^-1 C.T W.T (H symmetric positive definite after damping)
+    w = weight.detach().to(torch.float64)
+    return torch.linalg.solve(h, c.t() @ w.t()).t().to(torch.float32)
+
+
+@dataclass(frozen=True)
+class GramSplit:
+    """Gram matrices of one input: `all` calibration tokens, and a split into `fit` (the rest)
+    and `held` (every n-th calibration sequence) for choosing the damping on tokens GPTQ did not
+    see. `fit`/`held` are None when no choice is to be made."""
+
+    all: torch.Tensor
+    fit: torch.Tensor | None = None
+    held: torch.Tensor | None = None
+
+    @staticmethod
+    def of(x: torch.Tensor, scales: torch.Tensor | None, tokens: int, every: int) -> GramSplit:
+        """x [sequences * tokens, in], whole sequences in order; `every` 0 = no split."""
+        h = gram_matrix(x, scales)
+        seqs = x.shape[0] // tokens
+        if every < 2 or seqs < 2 or seqs * tokens != x.shape[0]:
+            return GramSplit(h)
+        held = torch.zeros(seqs, dtype=torch.bool)
+        held[every - 1::every] = True
+        if not bool(held.any()):
+            held[-1] = True
+        xs = x.reshape(seqs, tokens, -1)
+        return GramSplit(h, gram_matrix(xs[~held], scales), gram_matrix(xs[held], scales))
+
+
+def gptq_int4_select(weight: torch.Tensor, grams: GramSplit, group_size: int, *,
+                     grid_weight: torch.Tensor | None = None,
+                     damps: tuple[float, ...] = (DEFAULT_DAMP,)) -> tuple[Int4Weights, float]:
+    """`gptq_int4` with the damping chosen among `damps`: each candidate rounds on the `fit`
+    tokens and is scored by its output error on the `held` ones; the winner is then rounded on
+    all tokens. One candidate (or no split) rounds on all tokens at once. Returns (codes, damp).
+
+    Damping is GPTQ's regulariser: too little and the error feedback fits the calibration
+    tokens' Gram matrix (directions the text barely explores get large corrections), too much and
+    it falls back towards plain rounding. Which amount is right differs between models and
+    projections, so it is chosen on text the rounding did not see."""
+    if not damps:
+        raise TightfitError("GPTQ needs at least one damping value")
+    best = damps[0]
+    if len(damps) > 1 and grams.fit is not None and grams.held is not None:
+        errors = {d: output_error(weight, gptq_int4(weight, grams.fit, group_size,
+                                                    grid_weight=grid_weight, damp=d), grams.held)
+                  for d in damps}
+        best = min(errors, key=errors.__getitem__)
+    return gptq_int4(weight, grams.all, group_size, grid_weight=grid_weight, damp=best), best
+
+
 def _grid(grid_weight: torch.Tensor, group_size: int
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The padded groups [out, n_groups, group_size] of `grid_weight` and their (lo, scale)."""
