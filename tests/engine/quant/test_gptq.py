@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tightfit.engine.quant.gptq import (
-    GramSplit, QuantizedWeight, asymmetric_target, gptq_int4, gptq_int4_select, gram_matrix, output_error,
-    pack_codes, with_codes)
+    GramSplit, QuantizedWeight, apply_map, asymmetric_map, gptq_int4, gptq_int4_select,
+    gram_matrix, output_error, pack_codes, with_codes)
 from tightfit.engine.quant.reference import dequantize_int4, quantize_int4
 from tightfit.errors import TightfitError
 
@@ -72,6 +72,7 @@ def test_gram_split_holds_out_every_nth_sequence() -> None:
     assert torch.allclose(g.held, gram_matrix(xs[[7, 15]]))
     assert torch.allclose(g.fit, gram_matrix(xs[[i for i in range(seqs) if i not in (7, 15)]]))
     assert torch.allclose(g.all, (14 * g.fit + 2 * g.held) / 16)
+    assert torch.allclose(g.all, gram_matrix(x))  # the same as one pass over every token
     assert GramSplit.of(x, None, tokens, every=0).fit is None  # no split asked
     assert GramSplit.of(x[:4], None, tokens, every=8).fit is None  # less than two sequences
     few = GramSplit.of(x[:3 * tokens], None, tokens, every=8)  # fewer than `every`: the last
@@ -111,12 +112,17 @@ def test_asymmetric_target_reproduces_the_reference_output() -> None:
     x = _correlated_inputs(1024, 64)
     xq = x + 0.2 * torch.randn(x.shape, generator=g) @ torch.randn(64, 64, generator=g) * 0.3
     w = torch.randn(16, 64, generator=g)
-    adj = asymmetric_target(w, x, xq, damp=1e-4)
+    adj = apply_map(w, asymmetric_map(x, xq, damp=1e-4))
     ref = x @ w.t()
-    assert float((xq @ adj.t() - ref).pow(2).mean()) < 0.5 * float((xq @ w.t() - ref).pow(2).mean())
-    assert torch.allclose(asymmetric_target(w, x, x, damp=1e-6), w, atol=1e-2)  # ridge only
+    err_adj = float((xq @ adj.t() - ref).pow(2).mean())
+    assert err_adj < 0.5 * float((xq @ w.t() - ref).pow(2).mean())
+    assert torch.allclose(apply_map(w, asymmetric_map(x, x, damp=1e-6)), w,
+                          atol=1e-2)  # ridge only
+    # The caller's Gram matrix of x_q gives the same map as computing it here.
+    assert torch.allclose(asymmetric_map(x, xq, gram_matrix(xq), damp=1e-4),
+                          asymmetric_map(x, xq, damp=1e-4))
     with pytest.raises(TightfitError, match="same tokens"):
-        asymmetric_target(w, x, x[:10])
+        asymmetric_map(x, x[:10])
 
 
 def test_bad_shapes_name_the_mismatch() -> None:

@@ -9,8 +9,9 @@ head has its own KV head) or, where no exact fold exists (o under GQA, an upstre
 `native`), divide the input by s at run time (Int4Linear's input_scale); search each weight
 group's quantisation range (all but q/k; asymmetric `gram_search_range` by default); quantise
 per the plan (int4: GPTQ error feedback on that grid, its damping chosen per projection on
-held-out calibration sequences); then push the calibration states through the QUANTISED layer, so later layers are
-calibrated on the activations they will really see. The output head gets the same scaling
+held-out calibration sequences, aimed at the fp32 layer's output); then push the calibration
+states through the QUANTISED layer, so later layers are calibrated on the activations they will
+really see. The output head gets the same scaling
 (folded into the final norm; searched on a seeded subset of vocabulary rows) but no range
 search: on a 49k-262k-row head it would cost minutes.
 
@@ -42,7 +43,8 @@ from tightfit.engine.quant.awq_cache import cache_key, cache_path, read_cache, w
 from tightfit.engine.quant.awq_search import apply_range, gram_search_range, gram_search_scales
 from tightfit.engine.quant.formats import WeightFormat
 from tightfit.engine.quant.gptq import (
-    GramSplit, QuantizedWeight, asymmetric_target, gptq_int4_select, pack_codes, with_codes)
+    GramSplit, QuantizedWeight, apply_map, asymmetric_map, gptq_int4_select, pack_codes,
+    with_codes)
 from tightfit.engine.quant.linear import Int4Linear, Int8Linear
 from tightfit.engine.quant.plan import PlanLinearFactory, PrecisionPlan, SplitLinear
 from tightfit.engine.quant.reference import concat_rows, quantize_int4, quantize_int8
@@ -78,7 +80,7 @@ class CalibrationSettings:
     (rounded on the others; one candidate or `gptq_holdout` 0: no choice); `gptq_inputs`: the
     inputs each linear group after the first is rounded for: "fp32" (the fp32 layer's), "quantized"
     (those of the layer whose earlier groups are already rounded, GPTQ's "true sequential") or
-    "asymmetric" (those, with the target the fp32 layer's output: gptq.asymmetric_target;
+    "asymmetric" (those, with the target the fp32 layer's output: gptq.asymmetric_map;
     a group with fewer than 4 calibration tokens per input falls back to "fp32")."""
 
     sequences: int = 64
@@ -331,18 +333,21 @@ class _Builder:
                          "asymmetric GPTQ targets; rounding for the fp32 inputs", lw.index,
                          group.key, x_ref.shape[0], x_ref.shape[1])
                 mode = "fp32"
-            if n and mode != "fp32":
+            captured = bool(n) and mode != "fp32"
+            if captured:
                 x = self._capture_quantized(lw, group.hook, hidden, rope)
                 if lw.proj_name(members[0]) in lw.runtime:  # else the fold already scaled it
                     x = x / scales[group.key]
             grams = GramSplit.of(x, None, self.settings.tokens, self.settings.gptq_holdout)
-            asymmetric = x is not x_ref and mode == "asymmetric"
+            # One map for the whole group (its members share the input).
+            to_fp32_output = (asymmetric_map(x_ref, x, grams.all)
+                              if captured and mode == "asymmetric" else None)
             for m in members:
                 name = _wname(lw.index, m)
                 grid = lw.current(name)
                 target = lw.unclipped.pop(name, grid)
-                if asymmetric:
-                    target = asymmetric_target(target, x_ref, x)
+                if to_fp32_output is not None:
+                    target = apply_map(target, to_fp32_output)
                 q, damps[m] = gptq_int4_select(target, grams,
                                                self._group_size(lw, m), grid_weight=grid,
                                                damps=self.settings.gptq_damp)

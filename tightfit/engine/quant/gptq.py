@@ -112,28 +112,33 @@ def output_error(weight: torch.Tensor, q: Int4Weights, gram: torch.Tensor) -> fl
     return float(((dw @ gram.to(torch.float32)) * dw).sum(dtype=torch.float64)) / dw.shape[0]
 
 
-def asymmetric_target(weight: torch.Tensor, x_ref: torch.Tensor, x_q: torch.Tensor, *,
-                      damp: float = DEFAULT_DAMP) -> torch.Tensor:
-    """The weight that, fed the inputs the quantised model really produces (`x_q`), best
-    reproduces the fp32 outputs `x_ref @ weight.T` (least squares, `damp` ridge):
-    W C (H_q + d I)^-1 with C = x_ref.T x_q / n and H_q = x_q.T x_q / n. Rounding it with GPTQ
-    on H_q then minimises ||x_q Q.T - x_ref W.T||, the layer's error measured against the fp32
-    output rather than against the same weight on perturbed inputs ("asymmetric calibration")."""
+def asymmetric_map(x_ref: torch.Tensor, x_q: torch.Tensor, gram_q: torch.Tensor | None = None,
+                   *, damp: float = DEFAULT_DAMP) -> torch.Tensor:
+    """M [in, in] such that W M, fed the inputs the quantised model really produces (`x_q`),
+    best reproduces the fp32 outputs `x_ref @ W.T` for any weight W (least squares, `damp`
+    ridge): M = C (H_q + d I)^-1 with C = x_ref.T x_q / n and H_q = x_q.T x_q / n (`gram_q`, if
+    the caller has it). One map serves every projection fed the same input; rounding W M
+    (`apply_map`) with GPTQ on H_q then minimises ||x_q Q.T - x_ref W.T||, the layer's error
+    measured against the fp32 output rather than against the same weight on perturbed inputs
+    ("asymmetric calibration")."""
     xr = x_ref.detach().reshape(-1, x_ref.shape[-1]).to(torch.float32)
     xq = x_q.detach().reshape(-1, x_q.shape[-1]).to(torch.float32)
     if xr.shape != xq.shape:
         raise TightfitError(f"reference inputs {tuple(xr.shape)} and quantised-model inputs "
                             f"{tuple(xq.shape)} must hold the same tokens")
-    h = torch.zeros(xq.shape[1], xq.shape[1], dtype=torch.float64)
+    h = (gram_matrix(xq) if gram_q is None else gram_q).to(torch.float64).clone()
     c = torch.zeros_like(h)
-    for a, b in zip(xr.split(8192), xq.split(8192)):
-        h += (b.t() @ b).to(torch.float64)
+    for a, b in zip(xr.split(8192), xq.split(8192)):  # fp32 products, fp64 accumulation
         c += (a.t() @ b).to(torch.float64)
-    diag = torch.diagonal(h)
-    h += torch.eye(h.shape[0], dtype=torch.float64) * (damp * float(diag.mean()) + 1e-12)
-    # W_adj.T = H^-1 C.T W.T (H symmetric positive definite after damping)
-    w = weight.detach().to(torch.float64)
-    return torch.linalg.solve(h, c.t() @ w.t()).t().to(torch.float32)
+    c /= xr.shape[0]
+    h += torch.eye(h.shape[0], dtype=torch.float64) * (
+        damp * float(torch.diagonal(h).mean()) + 1e-12)
+    return torch.linalg.solve(h, c.t()).t()  # C H^-1 (H symmetric positive definite)
+
+
+def apply_map(weight: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """W M in fp32 (the product in fp64, as the map was solved)."""
+    return (weight.detach().to(torch.float64) @ m).to(torch.float32)
 
 
 @dataclass(frozen=True)
@@ -148,17 +153,19 @@ class GramSplit:
 
     @staticmethod
     def of(x: torch.Tensor, scales: torch.Tensor | None, tokens: int, every: int) -> GramSplit:
-        """x [sequences * tokens, in], whole sequences in order; `every` 0 = no split."""
-        h = gram_matrix(x, scales)
+        """x [sequences * tokens, in], whole sequences in order; `every` 0 = no split. With a
+        split, `all` is the token-weighted mean of `fit` and `held` (no third pass over x)."""
         seqs = x.shape[0] // tokens
         if every < 2 or seqs < 2 or seqs * tokens != x.shape[0]:
-            return GramSplit(h)
+            return GramSplit(gram_matrix(x, scales))
         held = torch.zeros(seqs, dtype=torch.bool)
         held[every - 1::every] = True
         if not bool(held.any()):
             held[-1] = True
         xs = x.reshape(seqs, tokens, -1)
-        return GramSplit(h, gram_matrix(xs[~held], scales), gram_matrix(xs[held], scales))
+        fit, out = gram_matrix(xs[~held], scales), gram_matrix(xs[held], scales)
+        n_held = int(held.sum())
+        return GramSplit((fit * (seqs - n_held) + out * n_held) / seqs, fit, out)
 
 
 def gptq_int4_select(weight: torch.Tensor, grams: GramSplit, group_size: int, *,
