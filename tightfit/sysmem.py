@@ -6,8 +6,10 @@ per-address-space high-water mark (`VmHWM` in /proc/self/status) starts afresh a
 is used there; elsewhere ru_maxrss is the fallback."""
 from __future__ import annotations
 
+import contextlib
 import resource
 import sys
+from typing import Any, Iterator
 
 _STATUS = "/proc/self/status"
 
@@ -39,3 +41,52 @@ def reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
+
+
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_LOAD_MMAP_THRESHOLD = 256 * 1024
+_SERVE_MMAP_THRESHOLD = 32 * 2**20  # glibc's own ceiling for its dynamic threshold (64-bit)
+
+
+def _libc() -> Any:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt  # noqa: B018 - not glibc: AttributeError
+        libc.malloc_trim  # noqa: B018
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+@contextlib.contextmanager
+def load_time_heap() -> Iterator[None]:
+    """Keeps load-time temporaries out of the resident set, then hands freed heap back to the OS.
+
+    glibc raises its mmap threshold each time a large block is freed (up to 32 MiB), so after
+    the first converted weight, every later chunk-sized temporary (dequantised rows, scales)
+    comes from the heap and stays resident after `free` until the end: measured +150-250 MB of
+    load peak on Gemma 3 270M and +130-240 MB on the default model's int8 build. While loading,
+    blocks >= 256 KiB are mapped one by one (returned at once on free). Afterwards the
+    threshold is fixed at glibc's ceiling with a matching trim threshold, which is what serving
+    ran with before (a fixed 256 KiB made a 512-token prefill + 64 decode steps ~1.7x slower:
+    every activation was page-faulted afresh), and freed heap is trimmed once. No-op off glibc."""
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(_M_MMAP_THRESHOLD, _LOAD_MMAP_THRESHOLD)
+    try:
+        yield
+    finally:
+        if libc is not None:
+            libc.mallopt(_M_MMAP_THRESHOLD, _SERVE_MMAP_THRESHOLD)
+            libc.mallopt(_M_TRIM_THRESHOLD, 2 * _SERVE_MMAP_THRESHOLD)
+            libc.malloc_trim(0)
+
+
+def trim_heap() -> None:
+    """Hands heap memory freed by temporaries back to the OS (glibc keeps it otherwise)."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)

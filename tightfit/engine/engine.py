@@ -62,6 +62,8 @@ class LLMEngine:
         cache = config.cache
         blocks = num_kv_blocks(config.model, cache)
         self.max_model_len = min(config.scheduler.max_model_len, config.model.max_position)
+        if hasattr(model, "ensure_positions"):  # before any compiled step reads the tables
+            model.ensure_positions(self.max_model_len)
         self.pool = BlockPool(blocks, cache.block_size, cache.enable_prefix_caching)
         self.runner = ModelRunner(model, config.model, cache, blocks, config.attention,
                                   config.compile_decode)

@@ -2,11 +2,13 @@
 HF-directory loader, builds the weights in the requested format and the decoder model."""
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tightfit import sysmem
 from tightfit.config import ModelConfig
 from tightfit.engine.loader.gguf import GGUFFile
 from tightfit.engine.loader.model_config import config_from_gguf, config_from_hf
@@ -26,18 +28,28 @@ class LoadedModel:
 
 
 def load_model(model: str | Path | None = None, quant: str | Path = "fp32") -> LoadedModel:
-    from tightfit.engine.models.transformer import DecoderModel, dense_factory
-    from tightfit.engine.quant.plan import PlanLinearFactory, PrecisionPlan
-    from tightfit.engine.tokenizer import Tokenizer
+    from tightfit.engine.quant.plan import PrecisionPlan
 
     t0 = time.perf_counter()
     plan = PrecisionPlan.parse(quant)  # validate the name before the slow part
     path = resolve_model(model)
+    # An AWQ build calibrates (minutes of large temporaries): it keeps glibc's default policy.
+    with contextlib.nullcontext() if plan.uses_awq else sysmem.load_time_heap():
+        net, cfg, tokenizer, fmt = _load(path, plan, quant)
+    if plan.uses_awq:
+        sysmem.trim_heap()
+    return LoadedModel(net.eval(), cfg, tokenizer, path, fmt, time.perf_counter() - t0)
+
+
+def _load(path: Path, plan: Any, quant: str | Path) -> tuple[Any, ModelConfig, Any, str]:
+    from tightfit.engine.models.transformer import DecoderModel, dense_factory
+    from tightfit.engine.quant.plan import PlanLinearFactory
+    from tightfit.engine.tokenizer import Tokenizer
+
     if path.suffix == ".tfq":  # written by `tightfit quantize`: already in its final formats
         from tightfit.engine.loader.quantized import load_quantized
 
-        net, cfg, tokenizer, fmt = load_quantized(path, quant)
-        return LoadedModel(net.eval(), cfg, tokenizer, path, fmt, time.perf_counter() - t0)
+        return load_quantized(path, quant)
     if path.is_dir():
         cfg = config_from_hf(read_hf_config(path))
         weights = load_hf_weights(path, cfg)
@@ -58,17 +70,4 @@ def load_model(model: str | Path | None = None, quant: str | Path = "fp32") -> L
     else:
         net = DecoderModel(cfg, weights, dense_factory if plan.is_fp32 else PlanLinearFactory(plan))
     del weights
-    _return_freed_memory()
-    net.eval()
-    return LoadedModel(net, cfg, tokenizer, path, str(quant), time.perf_counter() - t0)
-
-
-def _return_freed_memory() -> None:
-    """Hands heap memory freed by load-time temporaries back to the OS (glibc keeps it in
-    per-thread arenas otherwise: ~20-130 MB of RSS measured on the default model)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
+    return net, cfg, tokenizer, str(quant)

@@ -23,6 +23,9 @@ class RMSNorm(nn.Module):
         return self.weight * (x * torch.rsqrt(var + self.eps))
 
 
+INITIAL_ROPE_ROWS = 4096
+
+
 class Rotary(nn.Module):
     """NeoX-style rotary embedding (rotate-half) with a precomputed cos/sin table.
 
@@ -34,22 +37,36 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, base: float, max_position: int) -> None:
         super().__init__()
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float()
-                                   / head_dim))
-        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+        self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float()
+                                        / head_dim))
+        self.half = head_dim // 2
+        self.max_position = max_position
+        self.key = float(base)  # distinguishes the global and local tables of one model
+        self._build(min(max_position, INITIAL_ROPE_ROWS))
+
+    def _build(self, rows: int) -> None:
+        freqs = torch.outer(torch.arange(rows, dtype=torch.float32), self.inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
-        half = head_dim // 2
         sin = emb.sin()
-        sin[:, :half] = -sin[:, :half]
+        sin[:, :self.half] = -sin[:, :self.half]
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin_signed", sin, persistent=False)
-        self.half = half
-        self.key = float(base)  # distinguishes the global and local tables of one model
+
+    def ensure(self, positions: int) -> None:
+        """Tables cover positions 0..positions-1 (at most the model's maximum): they start at
+        INITIAL_ROPE_ROWS rows, since a table for the full context of a 32k-position model
+        holds 64 MB per base (Gemma 3 has two) that a 2k-token deployment never reads. The
+        engine ensures its max_model_len at start; eager calls grow the tables on demand."""
+        rows = int(self.cos.shape[0])
+        if positions > rows and rows < self.max_position:
+            self._build(min(self.max_position, max(positions, 2 * rows)))
 
     def tables(self, positions: torch.Tensor, cache: dict[float, tuple[torch.Tensor, ...]] | None
                ) -> tuple[torch.Tensor, ...]:
         found = cache.get(self.key) if cache is not None else None
         if found is None:
+            if positions.numel() and not torch.compiler.is_compiling():
+                self.ensure(int(positions.max()) + 1)
             found = (self.cos[positions].unsqueeze(1), self.sin_signed[positions].unsqueeze(1))
             if cache is not None:
                 cache[self.key] = found

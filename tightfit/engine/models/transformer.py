@@ -149,8 +149,14 @@ class DecoderModel(nn.Module):
             head_w = embed_w
         self.lm_head = make_linear(["lm_head"], [head_w], None)
         self.embed_scale = cfg.embed_scale
+        self.rotaries = [rope] if local is rope else [rope, local]
         if w:
             raise ValueError(f"unused weights: {sorted(w)[:8]}")
+
+    def ensure_positions(self, positions: int) -> None:
+        """Rotary tables for positions 0..positions-1 (see Rotary.ensure)."""
+        for rotary in self.rotaries:
+            rotary.ensure(positions)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
