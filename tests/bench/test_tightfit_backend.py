@@ -74,4 +74,5 @@ def test_runner_end_to_end_on_the_real_model():
     assert m.status == "ok", m.error
     assert m.results.num_ok == 2 and m.results.output_tokens_total == 4
     assert 0 < m.results.ttft_s_p50 < 30 and m.results.peak_rss_mib > 300
+    assert 200 < m.results.load_peak_rss_mib <= m.results.peak_rss_mib
     assert m.results.load_time_s > 0 and m.model.weight_bytes > 400e6

@@ -12,7 +12,7 @@ from tightfit.data.schema import Measurement
 def row(**changes: Any) -> dict[str, Any]:
     """A valid row as a dict (every field explicit); `changes` are dotted-path replacements."""
     base: dict[str, Any] = dict(
-        schema_version=2, id="r1", run_key="k1", sweep="s", status="ok", error=None,
+        schema_version=3, id="r1", run_key="k1", sweep="s", status="ok", error=None,
         created_at="2026-01-02T03:04:05Z", contended=False,
         hardware=dict(machine_id="m", kind="cpu", cpu_model="CPU", cpu_flags=["avx2"],
                       cpu_cores_physical=2, cpu_threads_logical=2, threads_used=2,
@@ -38,7 +38,8 @@ def row(**changes: Any) -> dict[str, Any]:
                      tpot_s_p99=0.05, e2e_s_p50=0.3, e2e_s_p99=0.3, prefill_tok_s=100.0,
                      decode_tok_s=20.0, decode_tok_s_per_stream=20.0, throughput_tok_s=8.0,
                      request_throughput_rps=2.0, output_tokens_total=8, prompt_tokens_total=20,
-                     peak_rss_mib=500.0, load_time_s=1.0, slo_ttft_attainment=None,
+                     peak_rss_mib=500.0, load_time_s=1.0, load_peak_rss_mib=450.0,
+                     slo_ttft_attainment=None,
                      ttft_s_p50_by_priority={"0": 0.1}))
     for path, value in changes.items():
         *parents, leaf = path.split(".")

@@ -65,21 +65,24 @@ def test_migration_upgrades_old_rows_step_by_step(make_row, monkeypatch):
     old = make_row(schema_version=0)
     old["results"]["peak_rss_mb"] = old["results"].pop("peak_rss_mib")
     up = mig.migrate(old)
-    assert up["schema_version"] == SCHEMA_VERSION == 2
+    assert up["schema_version"] == SCHEMA_VERSION == 3
     assert up["results"]["peak_rss_mib"] == pytest.approx(500.0 * 1e6 / 2**20)
     assert up["software"]["tightfit_commit"] is None  # by the real v1 -> v2 step
+    assert up["results"]["load_peak_rss_mib"] is None  # by the real v2 -> v3 step
     Measurement.model_validate(up)
 
 
 def test_version_1_rows_read_as_version_2_with_an_explicit_null_commit(make_row, tmp_path):
     v1 = make_row(schema_version=1)
     del v1["software"]["tightfit_commit"]
+    del v1["results"]["load_peak_rss_mib"]
     with pytest.raises(ValidationError, match="tightfit_commit"):
         Measurement.model_validate(v1)  # not valid as v2 without migrating
     path = tmp_path / "old.jsonl"
     path.write_text(json.dumps(v1) + "\n")
     (m,) = read_measurements([path]).measurements
-    assert m.schema_version == 2 and m.software.tightfit_commit is None
+    assert m.schema_version == 3 and m.software.tightfit_commit is None
+    assert m.results.load_peak_rss_mib is None
     assert json.loads(path.read_text()) == v1  # the file itself is never rewritten
 
 

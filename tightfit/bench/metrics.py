@@ -35,7 +35,8 @@ def completed(timings: Sequence[Timing]) -> list[Timing]:
 
 def summarize(timings: Sequence[Timing], slo_ttft_ms: float | None = None,
               peak_rss_mib: float | None = None,
-              load_time_s: float | None = None) -> dict[str, Any]:
+              load_time_s: float | None = None,
+              load_peak_rss_mib: float | None = None) -> dict[str, Any]:
     ok = completed(timings)
     if not ok:
         errors = sorted({t.error for t in timings if t.error})
@@ -60,7 +61,7 @@ def summarize(timings: Sequence[Timing], slo_ttft_ms: float | None = None,
         throughput_tok_s=out_total / duration if duration > 0 else None,
         request_throughput_rps=len(ok) / duration if duration > 0 else None,
         output_tokens_total=out_total, prompt_tokens_total=sum(t.prompt_tokens for t in timings),
-        peak_rss_mib=peak_rss_mib, load_time_s=load_time_s,
+        peak_rss_mib=peak_rss_mib, load_time_s=load_time_s, load_peak_rss_mib=load_peak_rss_mib,
         slo_ttft_attainment=(sum(x * 1000 <= slo_ttft_ms for x in ttft) / len(ok)
                              if slo_ttft_ms is not None else None),
         ttft_s_p50_by_priority=_by_priority(ok, ttft))

@@ -235,7 +235,8 @@ def build_from_event(task: Task, ctx: RunContext, workload: Workload,
     timings = [Timing(**t) for t in event["timings"]]
     try:
         results = metrics.summarize(timings, workload.scenario.slo_ttft_ms,
-                                    event.get("peak_rss_mib"), event.get("load_time_s"))
+                                    event.get("peak_rss_mib"), event.get("load_time_s"),
+                                    event.get("load_peak_rss_mib"))
     except RuntimeError as exc:
         return build_failed(task, ctx, workload, str(exc), event)
     return _measurement(task, ctx, workload, event, "ok", None, results, event["run_config"])

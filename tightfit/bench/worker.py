@@ -55,6 +55,7 @@ def _own_cpu_s(backend: Backend | None = None) -> float:
 class Worker:
     def __init__(self, out: IO[str]) -> None:
         self.out = out
+        self.load_peak: float | None = None
 
     def emit(self, **event: Any) -> None:
         self.out.write(json.dumps(event) + "\n")
@@ -70,8 +71,9 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which records it
             self.emit(event="load_failed", error=_describe(exc))
             return 1
+        self.load_peak = peak_rss_mib(backend)
         self.emit(event="loaded", load_time_s=backend.load_time_s,
-                  weight_bytes=backend.weight_bytes(), peak_rss_mib=peak_rss_mib(backend))
+                  weight_bytes=backend.weight_bytes(), peak_rss_mib=self.load_peak)
         for task in job["tasks"]:
             self.run_task(backend, task)
         backend.close()
@@ -96,7 +98,8 @@ class Worker:
         self.emit(event="task_done", key=task["key"], status="ok",
                   timings=[dataclasses.asdict(t) for t in timings], run_config=backend.run_config(),
                   load_avg_1m=load, other_cpu_cores=others, peak_rss_mib=peak_rss_mib(backend),
-                  load_time_s=backend.load_time_s, weight_bytes=backend.weight_bytes())
+                  load_time_s=backend.load_time_s, weight_bytes=backend.weight_bytes(),
+                  load_peak_rss_mib=self.load_peak)
 
 
 def _describe(exc: BaseException) -> str:

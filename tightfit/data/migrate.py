@@ -24,6 +24,13 @@ def _register_builtin() -> None:
         row["software"] = {**row["software"], "tightfit_commit": None}
         return row
 
+    @register(2)
+    def v2_to_v3(row: Row) -> Row:
+        """v3 records the load-time peak RSS apart from the peak so far (explicit null)."""
+        if row.get("results") is not None:
+            row["results"] = {**row["results"], "load_peak_rss_mib": None}
+        return row
+
 
 def register(from_version: int) -> Callable[[Callable[[Row], Row]], Callable[[Row], Row]]:
     def deco(fn: Callable[[Row], Row]) -> Callable[[Row], Row]:

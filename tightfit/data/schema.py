@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 Status = Literal["ok", "failed"]
 
 
@@ -149,6 +149,9 @@ class Results(_Strict):
     prompt_tokens_total: int = plain("prompt tokens submitted", 0)
     peak_rss_mib: float | None = key("peak resident memory of the backend process so far, MiB")
     load_time_s: float | None = key("model load time of the backend process, s")
+    load_peak_rss_mib: float | None = na(
+        "peak resident memory of the backend process when load and warm-up ended, before any "
+        "measured run, MiB (null: rows before schema 3)", None)
     slo_ttft_attainment: float | None = na("share of requests meeting the scenario's TTFT target")
     ttft_s_p50_by_priority: dict[str, float] = plain("TTFT median per priority class, s", {})
 
