@@ -7,7 +7,7 @@ from tightfit.predictor import architectures, formats, hardware
 
 
 @pytest.mark.parametrize("name,bits", [("F16", 16), ("Q8_0", 8.5), ("Q6_K", 6.5625), ("Q4_0", 4.5),
-                                       ("Q4_1", 5.0), ("int4-g128", 4.125), ("int4-g32", 4.5),
+                                       ("Q4_1", 5.0), ("int4-g128", 4.25), ("int4-g32", 5.0),
                                        ("int8", 8.0), ("fp32", 32.0), ("MXFP4", 4.25)])
 def test_bits_per_weight(name: str, bits: float) -> None:
     assert formats.bits_per_weight(name) == bits

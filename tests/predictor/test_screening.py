@@ -41,3 +41,29 @@ def test_inputs_are_clipped_to_the_training_range() -> None:
     far = m.predict_log({"a": 1e6})
     edge = m.predict_log({"a": max(r["a"] for r in rows)})
     assert far == edge
+
+
+def test_a_device_is_clipped_to_the_range_its_own_class_covered(tmp_path) -> None:
+    """GPUs span bandwidth 0..1 with a slope; the only CPUs sat at 0. A CPU at 0.8 gets the
+    CPU value, not the GPUs' slope; a GPU at 0.8 still follows the slope; a class never seen
+    falls back to the global range. Survives the JSON round trip."""
+    rng = random.Random(1)
+    rows, y = [], []
+    for _ in range(80):
+        bw = rng.random()
+        rows.append({"bw": bw, "class_gpu": 1.0, "class_cpu": 0.0, "class_edge": 0.0})
+        y.append(2.0 * bw)
+    for _ in range(20):
+        rows.append({"bw": 0.0, "class_gpu": 0.0, "class_cpu": 1.0, "class_edge": 0.0})
+        y.append(0.0)
+    m = models.fit("decode", rows, y, ["bw"], [])
+    cpu = {"bw": 0.8, "class_gpu": 0.0, "class_cpu": 1.0, "class_edge": 0.0}
+    gpu = {**cpu, "class_gpu": 1.0, "class_cpu": 0.0}
+    edge = {**cpu, "class_cpu": 0.0, "class_edge": 1.0}
+    assert m.predict_log(cpu) == m.predict_log({**cpu, "bw": 0.0})
+    assert m.predict_log(gpu) > m.predict_log(cpu) + 1.0
+    assert m.predict_log(edge) == m.predict_log(gpu)
+    pm = models.PredictorModel(m, m, "h")
+    pm.save(tmp_path / "m.json")
+    assert models.PredictorModel.load(tmp_path / "m.json").decode.predict_log(cpu) == \
+        m.predict_log(cpu)

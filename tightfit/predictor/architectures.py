@@ -26,10 +26,24 @@ class ModelSpec:
     intermediate_size: int
     head_dim: int
     shape_known: bool = True
+    tied_embeddings: bool | None = None  # output head shares the token embedding; None: guess
 
     @property
     def is_moe(self) -> bool:
         return self.active_params_b < 0.9 * self.params_b
+
+    @property
+    def embedding_params(self) -> float:
+        return float(self.vocab_size * self.hidden_size)
+
+    @property
+    def ties_embeddings(self) -> bool:
+        """Small models share the embedding with the output head (SmolLM2, Gemma 3, Qwen2.5 up
+        to 3B, Llama 3.2 1B/3B), large ones do not (Llama 3 8B, Qwen2.5 7B); unless told, the
+        guess is "tied when the embedding is at least 9% of the parameters"."""
+        if self.tied_embeddings is not None:
+            return self.tied_embeddings
+        return self.embedding_params >= 0.09 * self.params_b * 1e9
 
     def kv_elements_per_token(self) -> int:
         """K and V elements stored per token, all layers."""

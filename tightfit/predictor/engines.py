@@ -27,6 +27,9 @@ class EngineProfile:
     device_runtime_mb: float  # context/driver memory held on an accelerator
     dequantises: bool        # loads quantised weights into a float compute dtype
     offload: str             # "layer_split" (CPU runs its layers) | "stream" (weights cross the link)
+    tokenizer_bytes_per_token: float = 0.0  # host memory of the loaded tokenizer per vocab entry
+    load_transient_mb: float = 0.0  # loader's fixed extra at its worst moment
+    load_transient_share: float = 0.0  # ... plus this share of the largest tensor (embedding)
 
 
 def canonical_engine(name: str) -> str | None:
@@ -40,13 +43,21 @@ def profile(engine: str, device_class: str) -> EngineProfile:
     cpu = device_class == "cpu"
     if engine == "llama.cpp":
         if cpu:
-            return EngineProfile(0.6, 0.5, 0.3, 4e-4, 2e-5, 0.01, 90, 0, False, "layer_split")
+            return EngineProfile(0.6, 0.5, 0.3, 4e-4, 2e-5, 0.01, 90, 0, False, "layer_split",
+                                 tokenizer_bytes_per_token=300)
         return EngineProfile(0.75, 0.5, 0.5, 6e-4, 2e-5, 0.02, 80, 300, False, "layer_split")
     if engine == "hf-transformers":
-        if cpu:
-            return EngineProfile(0.35, 0.4, 0.4, 4e-3, 6e-4, 0.05, 450, 0, True, "stream")
+        if cpu:  # memory: `import torch, transformers` 239 MiB + ~160 MiB kept after loading
+            return EngineProfile(0.35, 0.4, 0.4, 4e-3, 6e-4, 0.05, 400, 0, True, "stream",
+                                 tokenizer_bytes_per_token=300)
         return EngineProfile(0.6, 0.5, 0.4, 4e-3, 4e-4, 0.05, 600, 500, True, "stream")
-    # tightfit: torch-based engine with packed quantised weights; priors until measured.
+    # tightfit: torch-based engine with packed quantised weights. Memory from component
+    # measurements on this machine (docs/predictor.md): RSS after load minus the model's
+    # tensors is 257 MiB (SmolLM2, 49k vocab) and 321 MiB (Gemma 3, 262k) in every format, so
+    # 242 MiB + 315 B per vocab entry (`import torch` + tightfit alone is 221 MiB); the
+    # loader's worst moment is ~40 MiB + a quarter of the stored embedding above the result.
     if cpu:
-        return EngineProfile(0.4, 0.4, 0.3, 2e-3, 2e-4, 0.03, 350, 0, False, "stream")
+        return EngineProfile(0.4, 0.4, 0.3, 2e-3, 2e-4, 0.03, 242, 0, False, "stream",
+                             tokenizer_bytes_per_token=315, load_transient_mb=40,
+                             load_transient_share=0.25)
     return EngineProfile(0.6, 0.45, 0.4, 2e-3, 2e-4, 0.03, 450, 400, False, "stream")

@@ -16,6 +16,12 @@ from tightfit.predictor.datasets import Observation
 from tightfit.predictor.models import PredictorModel, ResidualModel
 
 METRICS = ("decode_tok_s", "prefill_tok_s", "ttft_s", "peak_memory_gb", "fits")
+MEMORY_TARGET_SHARE, MEMORY_TARGET_GB = 0.10, 150e6 / 2**30  # issue 5: within 10% or 150 MB
+
+
+def memory_within_target(pred: float, true: float) -> bool:
+    """Peak memory within 10% of the measured value, or within 150 MB of it (small models)."""
+    return abs(pred - true) <= max(MEMORY_TARGET_SHARE * true, MEMORY_TARGET_GB)
 _ZERO = ResidualModel("x", (), (), (), (), (), 0.0, 0.0)
 
 
@@ -115,6 +121,9 @@ def summarise(pairs: Sequence[tuple[Observation, core.Prediction]],
         vals = [(a, b) for a, b in vals if a is not None]
         if vals:
             out[metric] = scores([a for a, _ in vals], [b for _, b in vals]).as_dict()
+            if metric == "peak_memory_gb":
+                out[metric]["within_target"] = 100 * sum(
+                    memory_within_target(a, b) for a, b in vals) / len(vals)
     return out
 
 

@@ -22,9 +22,10 @@ BITS_PER_WEIGHT: dict[str, float] = {
     "iq2_xxs": 2.06, "iq2_xs": 2.31, "iq2_s": 2.5, "iq2_m": 2.7, "iq1_s": 1.56, "iq1_m": 1.75,
     "tq1_0": 1.69, "tq2_0": 2.06,
     "mxfp4": 4.25, "nvfp4": 4.5, "mxfp8": 8.25, "fp8": 8.0,
-    # tightfit's own names (int8: per-row fp32 scale is negligible; int4: one fp16 scale a group).
-    "int8": 8.0, "int4-g32": 4.5, "int4-g64": 4.25, "int4-g128": 4.125,
-    "int4-awq-g32": 4.5, "int4-awq-g64": 4.25, "int4-awq-g128": 4.125,
+    # tightfit's own names (int8: per-row fp32 scale is negligible; int4: asymmetric, a bf16
+    # scale and a bf16 zero point a group, as Int4Linear stores them).
+    "int8": 8.0, "int4-g32": 5.0, "int4-g64": 4.5, "int4-g128": 4.25,
+    "int4-awq-g32": 5.0, "int4-awq-g64": 4.5, "int4-awq-g128": 4.25,
     # Other engines' names seen in the measurement tables.
     "4bit": 4.5, "8bit": 8.5, "awq": 4.25, "awq-int4": 4.25, "gptq": 4.25, "int4": 4.25,
 }

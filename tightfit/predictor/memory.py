@@ -1,7 +1,14 @@
-"""Peak memory per engine: weights (as stored or as dequantised) + KV + compute buffers + runtime,
-and where it goes (device or host) when a discrete GPU is too small.
+"""Peak memory per engine, and where it goes (device or host) when a discrete GPU is too small.
 
-Calibrated against the three reference peak-RSS figures in DESIGN.md only; treat as +-15%.
+peak = max(load peak, serving peak):
+- load peak    = runtime + weights as held + the loader's transient (a weight being converted,
+                 an fp32 copy an engine makes while dequantising a GGUF file);
+- serving peak = runtime + weights as held + KV for the context + compute buffers.
+Weights "as held" are what the engine keeps, not the file: tightfit keeps a GGUF token
+embedding in its stored blocks and, for a model whose head shares that embedding, builds a
+separate head in the compute format (int8 for stored GGUF formats); HF Transformers holds fp32.
+Runtime = the process baseline (interpreter, torch, the engine) + the tokenizer, which grows
+with the vocabulary. Constants come from this project's measurements on CPU (docs/predictor.md).
 """
 from __future__ import annotations
 
@@ -16,6 +23,12 @@ GB = 2.0 ** 30  # memory sizes in the contract are GiB, as vendors and operating
 # Share of memory an engine can really use: macOS caps GPU working sets near 3/4 of RAM.
 _USABLE = {"apple": 0.75, "unified_soc": 0.9, "cpu": 0.9, "discrete_gpu": 1.0}
 _HF_LOAD_TRANSIENT = 0.25  # extra copy held while dequantising GGUF tensors at load time
+_GGUF_EMBED_BITS = 8.5  # tightfit keeps a GGUF source's token embedding as stored (Q8_0 here)
+# HF Transformers reading a GGUF file: fp32 copies while converting, ~a quarter of the weights
+# plus two of the (tied) embedding; fitted to this machine's two models (in-sample).
+_HF_EMBED_COPIES = 2.0
+# tightfit fp32: tensors are dequantised one at a time; measured 18 / 59 MiB above the result.
+_F32_TRANSIENT_MB, _F32_TRANSIENT_SHARE = 9.0, 0.08
 
 
 @dataclass(frozen=True)
@@ -30,6 +43,8 @@ class MemoryEstimate:
     host_bytes: float          # bytes placed in host RAM by offload
     fits_on_device: bool
     fits: bool | None          # None when the host RAM needed for offload is unknown
+    load_transient_bytes: float = 0.0  # held by the loader on top of the finished weights
+    peak_phase: str = "serving"  # "load" when loading peaks above serving this workload
 
 
 def compute_dtype_bytes(s: Scenario) -> float:
@@ -39,17 +54,59 @@ def compute_dtype_bytes(s: Scenario) -> float:
 
 
 _EMBED_MIN_BITS = 6.5625  # llama.cpp quant presets keep token embedding / output head at Q6_K or more
+_TIED_EMBED_MIN_BITS = 8.5  # ... and a tied one (it is the head too) at Q8_0 in both files here
+
+
+def embedding_params(s: Scenario) -> float:
+    """vocab x hidden, capped for inconsistent shapes: a tied embedding can be most of a small
+    model (63% of Gemma 3 270M), two untied ones at most all of it."""
+    cap = 0.8 if s.model.ties_embeddings else 0.5
+    return min(s.model.embedding_params, cap * s.model.params_b * 1e9)
+
+
+def gguf_embed_bits(s: Scenario) -> float:
+    floor = _TIED_EMBED_MIN_BITS if s.model.ties_embeddings else _EMBED_MIN_BITS
+    return max(s.bits_per_weight, floor)
 
 
 def weight_bytes(s: Scenario, prof: EngineProfile) -> float:
-    """Bytes of all weights as the engine holds them (GGUF presets: embedding at >= Q6_K)."""
+    """Bytes of all weights as stored (GGUF presets: embedding at >= Q6_K, tied at >= Q8_0)."""
     total = s.model.params_b * 1e9
     if prof.dequantises:
         return total * compute_dtype_bytes(s)
-    embed = min(total / 2, float(s.model.vocab_size * s.model.hidden_size))
+    embed = embedding_params(s)
     gguf = s.quant.startswith(("q", "iq", "tq"))
-    embed_bits = max(s.bits_per_weight, _EMBED_MIN_BITS) if gguf else s.bits_per_weight
+    embed_bits = gguf_embed_bits(s) if gguf else s.bits_per_weight
     return ((total - embed) * s.bits_per_weight + embed * embed_bits) / 8
+
+
+def held_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
+    """Bytes of weights the engine holds in memory (see the module docstring)."""
+    if s.engine != "tightfit" or s.quant in ("fp32", "f32"):
+        return weight_bytes(s, prof)
+    m = s.model
+    embed = embedding_params(s)
+    gguf = s.quant.startswith(("q", "iq", "tq"))
+    embed_bits = gguf_embed_bits(s) if gguf else _GGUF_EMBED_BITS
+    if m.ties_embeddings:  # a second copy: the head, built in the compute format
+        head_bits = 8 + 32 / m.hidden_size if gguf else s.bits_per_weight  # + a scale per row
+        body = m.params_b * 1e9 - embed
+    else:  # the head is a projection of its own, counted in the parameters
+        head_bits = embed_bits if gguf else s.bits_per_weight
+        body = max(m.params_b * 1e9 - 2 * embed, 0.0)
+    return (body * s.bits_per_weight + embed * embed_bits + embed * head_bits) / 8
+
+
+def load_transient_bytes(s: Scenario, prof: EngineProfile, weights: float) -> float:
+    """Memory the loader holds on top of the finished weights at its worst moment."""
+    embed = embedding_params(s)  # the largest tensor
+    if prof.dequantises:
+        return _HF_LOAD_TRANSIENT * weights + _HF_EMBED_COPIES * embed * compute_dtype_bytes(s)
+    if prof.load_transient_mb == 0 and prof.load_transient_share == 0:
+        return 0.0
+    if s.quant in ("fp32", "f32"):
+        return _F32_TRANSIENT_MB * MB + _F32_TRANSIENT_SHARE * embed * 4.0
+    return prof.load_transient_mb * MB + prof.load_transient_share * embed * _GGUF_EMBED_BITS / 8
 
 
 def active_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
@@ -69,20 +126,34 @@ def kv_bytes_per_token(s: Scenario) -> float:
 
 def buffer_bytes(s: Scenario) -> float:
     m, w = s.model, s.workload
-    # llama.cpp reserves its compute buffer for a full micro-batch at start-up.
-    ubatch = min(w.context_tokens, 512) if s.engine == "llama.cpp" else max(w.prompt_tokens, 1)
+    # llama.cpp reserves its compute buffer for a full micro-batch at start-up; tightfit
+    # prefills in chunks of at most 512 tokens (max_num_batched_tokens); HF all at once.
+    if s.engine == "llama.cpp":
+        ubatch = min(w.context_tokens, 512)
+    elif s.engine == "tightfit":
+        ubatch = max(min(w.prompt_tokens, 512), 1)
+    else:
+        ubatch = max(w.prompt_tokens, 1)
     per_token = 4 * m.hidden_size + 2 * m.intermediate_size + m.n_heads * min(w.context_tokens, 4096)
     return 4.0 * w.batch * ubatch * per_token + 4.0 * w.batch * m.vocab_size
 
 
+def runtime_bytes(s: Scenario, prof: EngineProfile) -> float:
+    """The process (or, on a discrete GPU, the device context) without weights, KV or buffers."""
+    if s.device.device_class == "discrete_gpu":
+        return prof.device_runtime_mb * s.device.device_count * MB
+    return prof.host_runtime_mb * MB + prof.tokenizer_bytes_per_token * s.model.vocab_size
+
+
 def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
-    weights = weight_bytes(s, prof)
+    weights = held_weight_bytes(s, prof)
     kv = kv_bytes_per_token(s) * s.workload.context_tokens * s.workload.batch
     buffers = buffer_bytes(s)
     gpu = s.device.device_class == "discrete_gpu"
-    runtime = (prof.device_runtime_mb * s.device.device_count if gpu else prof.host_runtime_mb) * MB
-    transient = _HF_LOAD_TRANSIENT * weights if prof.dequantises else 0.0
-    peak = weights + kv + buffers + runtime + transient
+    runtime = runtime_bytes(s, prof)
+    transient = load_transient_bytes(s, prof, weights)
+    load_peak, serving_peak = weights + runtime + transient, weights + runtime + kv + buffers
+    peak = max(load_peak, serving_peak)
     capacity = s.device.memory_gb * GB * s.device.device_count * _USABLE[s.device.device_class]
     fits_dev = peak <= capacity
     frac, host = 1.0, 0.0
@@ -94,7 +165,8 @@ def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
         frac = min(1.0, room / max(weights + kv_min, 1.0))
         host = (1 - frac) * (weights + kv_min)
     fits = _fits(s, fits_dev, gpu, host, prof)
-    return MemoryEstimate(weights, kv, buffers, runtime, peak, capacity, frac, host, fits_dev, fits)
+    return MemoryEstimate(weights, kv, buffers, runtime, peak, capacity, frac, host, fits_dev, fits,
+                          transient, "load" if load_peak > serving_peak else "serving")
 
 
 def _fits(s: Scenario, fits_dev: bool, gpu: bool, host: float, prof: EngineProfile) -> bool | None:

@@ -31,11 +31,17 @@ class ResidualModel:
     info: dict[str, object] = field(default_factory=dict)
     z_lo: tuple[float, ...] = ()   # standardised training range; inputs are clipped to it so a
     z_hi: tuple[float, ...] = ()   # scenario unlike the data falls back towards the analytic base
+    # The same range per device class seen in training ("cpu": (lo, hi)): a device is clipped to
+    # what its own class covered, so a CPU unlike every training CPU is not placed by a slope
+    # that GPUs and Apple chips taught (a 77 GB/s Xeon extrapolated from a 25 GB/s EPYC along
+    # the GPUs' bandwidth trend came out 2.3x too fast).
+    class_z: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict)
 
     def predict_log(self, feats: dict[str, float]) -> float:
         z = {n: (feats[n] - mu) / sd for n, mu, sd in zip(self.base, self.mean, self.scale)}
-        if self.z_lo:
-            z = {n: min(hi, max(lo, z[n])) for n, lo, hi in zip(self.base, self.z_lo, self.z_hi)}
+        lo_hi = self.class_z.get(device_class_of(feats)) or (self.z_lo, self.z_hi)
+        if lo_hi[0]:
+            z = {n: min(hi, max(lo, z[n])) for n, lo, hi in zip(self.base, *lo_hi)}
         cols = [z[n] for n in self.base] + [z[a] * z[b] for a, b in self.crosses]
         return self.intercept + sum(c * x for c, x in zip(self.coef, cols))
 
@@ -52,7 +58,17 @@ class ResidualModel:
             alpha=float(d["alpha"]), interval=tuple(d["interval"]),  # type: ignore[arg-type]
             info=dict(d.get("info", {})),  # type: ignore[call-overload]
             z_lo=tuple(d.get("z_lo", ())), z_hi=tuple(d.get("z_hi", ())),  # type: ignore[arg-type]
+            class_z={str(k): (tuple(v[0]), tuple(v[1]))  # type: ignore[index]
+                     for k, v in dict(d.get("class_z", {})).items()},  # type: ignore[call-overload]
         )
+
+
+def device_class_of(feats: dict[str, float]) -> str:
+    """The device class a feature dict encodes (its class_* indicator), or ""."""
+    for name, value in feats.items():
+        if name.startswith("class_") and value == 1.0:
+            return name[len("class_"):]
+    return ""
 
 
 def design_matrix(rows: Sequence[dict[str, float]], base: Sequence[str],
@@ -81,10 +97,16 @@ def fit(phase: str, rows: Sequence[dict[str, float]], target: Sequence[float],
     x = design_matrix(rows, base, crosses, mean, scale)
     reg = RidgeCV(alphas=ALPHAS).fit(x, list(target), sample_weight=weights)
     zs = [[(f[n] - mu) / sd for f in rows] for n, mu, sd in zip(base, mean, scale)]
+    class_z = {}
+    for cls in sorted({device_class_of(f) for f in rows} - {""}):
+        idx = [i for i, f in enumerate(rows) if device_class_of(f) == cls]
+        class_z[cls] = (tuple(min(z[i] for i in idx) for z in zs),
+                        tuple(max(z[i] for i in idx) for z in zs))
     return ResidualModel(phase, tuple(base), tuple(tuple(c) for c in crosses),  # type: ignore[misc]
                          tuple(mean), tuple(scale), tuple(float(c) for c in reg.coef_),
                          float(reg.intercept_), float(reg.alpha_),
-                         z_lo=tuple(min(z) for z in zs), z_hi=tuple(max(z) for z in zs))
+                         z_lo=tuple(min(z) for z in zs), z_hi=tuple(max(z) for z in zs),
+                         class_z=class_z)
 
 
 def _std(values: list[float], mu: float) -> float:

@@ -84,7 +84,9 @@ def render(result: dict[str, Any]) -> str:
                 else:
                     lines.append(f"{metric:16s}{s['n']:5d}" + "".join(
                         f"{_fmt(s[k]):>8s}" for k in ("mape", "median", "p90", "max")) +
-                        f"{_fmt(s['r2_log']):>7s}")
+                        f"{_fmt(s['r2_log']):>7s}" + (
+                            f"  within 10% or 150 MB: {s['within_target']:.1f}%"
+                            if "within_target" in s else ""))
     for split, engines in result.get("per_engine", {}).items():
         if not engines:
             continue
@@ -94,7 +96,9 @@ def render(result: dict[str, Any]) -> str:
             for metric, s in table.items():
                 if metric != "fits":
                     lines.append(f"{engine:18s}{metric:16s}{s['n']:5d}{_fmt(s['mape']):>8s}"
-                                 f"{_fmt(s['max']):>8s}")
+                                 f"{_fmt(s['max']):>8s}" + (
+                                     f"  within 10%/150 MB {s['within_target']:.0f}%"
+                                     if "within_target" in s else ""))
     if "per_device" in result:
         lines += ["", "[held_out_device: decode per device]", f"{'device':32s}{'n':>5s}{'MAPE%':>8s}{'max%':>8s}"]
         for d, s in result["per_device"].items():
