@@ -87,3 +87,23 @@ def test_import_and_predict_do_not_load_torch() -> None:
             "p.predict([ROW]); assert 'torch' not in sys.modules; "
             "assert 'sklearn' not in sys.modules, 'packaged model should need no fit'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_memory_parts_explain_the_peak(row) -> None:
+    """A CPU deployment: the peak is runtime + weights + the larger of the load transient and
+    KV + buffers, and a long context moves the peak from loading to serving."""
+    row.update(engine="tightfit", quant="int4-g64",
+               hardware={"name": "cpu-box", "kind": "cpu", "memory_gb": 16,
+                         "memory_bandwidth_gbps": 20, "cpu_cores": 4},
+               model={"name": "SmolLM2-135M-Instruct"})
+    row["workload"] = {"prompt_tokens": 16, "gen_tokens": 16, "batch": 1, "context_tokens": 32}
+    short = predict([row])[0]
+    row["workload"] = {"prompt_tokens": 4096, "gen_tokens": 16, "batch": 1, "context_tokens": 8192}
+    long = predict([row])[0]
+    for out in (short, long):
+        m = out["memory"]
+        parts = m["runtime_gb"] + m["weights_gb"] + max(m["load_transient_gb"],
+                                                        m["kv_gb"] + m["buffers_gb"])
+        assert out["peak_memory_gb"] == pytest.approx(parts, rel=1e-3)
+    assert short["memory"]["peak_phase"] == "load" and long["memory"]["peak_phase"] == "serving"
+    assert long["peak_memory_gb"] > short["peak_memory_gb"]

@@ -25,6 +25,7 @@ def to_json(p: core.Prediction) -> dict[str, Any]:
         "factors": p.factors,
         "interval": {k: [_round(lo), _round(hi)] for k, (lo, hi) in p.interval.items()},
         "notes": list(p.notes),
+        "memory": {k: v if isinstance(v, str) else _round(v) for k, v in p.memory.items()},
     }
 
 

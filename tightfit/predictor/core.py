@@ -6,7 +6,7 @@ scenarios far from the training data fall back towards physics instead of extrap
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tightfit.predictor import attribution, features, roofline
 from tightfit.predictor.memory import GB
@@ -33,6 +33,7 @@ class Prediction:
     factors: dict[str, float]
     interval: dict[str, tuple[float, float]]
     notes: tuple[str, ...]
+    memory: dict[str, float | str] = field(default_factory=dict)  # the peak's parts, GiB
 
 
 def residual(model: ResidualModel, s: Scenario, b: Breakdown, phase: str) -> float:
@@ -55,7 +56,20 @@ def predict_scenario(s: Scenario, model: PredictorModel,
         prefill_tok_s=prefill, decode_tok_s=w.batch / t_step, ttft_s=ttft, tpot_s=t_step,
         bottleneck=attribution.bottleneck(b.decode), factors=factors,
         interval=_intervals(s, model, b, t_step, t_pre, ttft), notes=s.notes,
+        memory=_memory_parts(b),
     )
+
+
+def _memory_parts(b: Breakdown) -> dict[str, float | str]:
+    """Where the predicted peak comes from: peak = runtime + weights + max(load transient,
+    KV + buffers); `peak_phase` says which side is larger."""
+    m = b.memory
+    parts: dict[str, float | str] = {
+        f"{k}_gb": v / GB for k, v in (
+            ("weights", m.weights_bytes), ("kv", m.kv_bytes), ("buffers", m.buffers_bytes),
+            ("runtime", m.runtime_bytes), ("load_transient", m.load_transient_bytes))}
+    parts["peak_phase"] = m.peak_phase
+    return parts
 
 
 def _band(value: float, lo: float, hi: float, widen: float) -> tuple[float, float]:
