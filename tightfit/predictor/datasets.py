@@ -228,9 +228,12 @@ def _own_quant(weight_format: str, file_format: str | None) -> str:
 
 def own_device(hw: Any) -> DeviceSpec:
     """This machine as the bench fingerprinted it: measured bandwidth and matmul rate, the
-    threads the run used as its cores."""
+    threads the run used as its cores. The fingerprint's matmul rate is for all logical CPUs,
+    so a run on fewer threads gets its share of it (bandwidth is left whole: one core streams
+    most of what two do)."""
     cores = hw.threads_used or hw.cpu_cores_physical or 1
-    gflops = hw.matmul_gflops or 50.0 * cores
+    every = hw.cpu_threads_logical or cores
+    gflops = hw.matmul_gflops * min(1.0, cores / every) if hw.matmul_gflops else 50.0 * cores
     bw = hw.memory_bandwidth_gbps or 20.0
     return DeviceSpec(f"{hw.cpu_model} x{cores} ({hw.machine_id})", "cpu",
                       hw.memory_total_gib or 16.0, bw, gflops / 1000.0, cores, 8, True, bw,
