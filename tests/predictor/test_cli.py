@@ -101,3 +101,19 @@ def test_help(cmd, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         main(cmd + ["--help"])
     assert exc.value.code == 0 and "usage" in capsys.readouterr().out
+
+
+def test_the_documented_example_file(tmp_path) -> None:
+    """docs/examples/scenarios.jsonl, as docs/predictor.md shows it: four answers, one error,
+    the offloading GTX 1050 Ti bottlenecked by transfer, the tightfit CPU row peaking in load."""
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "scenarios.jsonl"
+    out = tmp_path / "p.jsonl"
+    assert main(["predict", "--input", str(example), "--output", str(out)]) == 0
+    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert [i for i, r in rows.items() if "error" in r] == ["bad-quant"]
+    assert rows["1050ti-llama3-8b"]["bottleneck"] == "offload_transfer"
+    assert 0 < rows["1050ti-llama3-8b"]["offload_fraction"] < 1
+    assert rows["cpu-tightfit-gemma3"]["memory"]["peak_phase"] == "load"
+    assert main(["check", "--input", str(example), "--ttft-slo", "0.5", "--tpot-slo", "0.05"]) == 1

@@ -14,12 +14,18 @@ from pathlib import Path
 from tightfit.predictor.hardware import DeviceSpec
 
 
-def _best_of(fn: object, repeats: int) -> float:
+def _best_of(fn: object, repeats: int, min_time_s: float = 0.25) -> float:
+    """Fastest of at least `repeats` calls, going on until `min_time_s` has passed: on a busy
+    machine a multi-threaded BLAS call can stall on a descheduled peer thread, and five tries of
+    a small product all stalled (a 128^3 GEMM read 0 GFLOP/s once while another job ran)."""
     best = float("inf")
-    for _ in range(repeats):
+    start = time.perf_counter()
+    done = 0
+    while done < repeats or (time.perf_counter() - start < min_time_s and done < 10_000):
         t0 = time.perf_counter()
         fn()  # type: ignore[operator]
         best = min(best, time.perf_counter() - t0)
+        done += 1
     return best
 
 
