@@ -67,3 +67,13 @@ def test_a_device_is_clipped_to_the_range_its_own_class_covered(tmp_path) -> Non
     pm.save(tmp_path / "m.json")
     assert models.PredictorModel.load(tmp_path / "m.json").decode.predict_log(cpu) == \
         m.predict_log(cpu)
+
+
+def test_brief_factors_are_candidates_only_where_the_ablation_kept_them() -> None:
+    from tightfit.predictor import features
+
+    brief = set(features.BRIEF_FEATURES)
+    assert not brief & set(features.candidate_names("decode"))
+    assert brief <= set(features.candidate_names("prefill"))
+    assert brief <= set(features.candidate_names("decode", "all"))
+    assert not brief & set(features.candidate_names("prefill", "none"))

@@ -18,8 +18,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     ev.add_argument("--no-screen", action="store_true",
                     help="skip feature screening inside folds (faster; all candidate features)")
     ev.add_argument("--plots", metavar="DIR", help="write predicted-vs-measured PNGs here")
-    ev.add_argument("--without-brief-factors", action="store_true",
-                    help="ablation: drop lambda_mem/comp/quant from the candidate features")
+    ev.add_argument("--brief-factors", choices=("default", "all", "none"), default="default",
+                    help="ablation of the brief's lambda_mem/comp/quant factors as candidate "
+                         "features: default = where they helped held out (prefill), all = every "
+                         "phase, none = no phase")
+    ev.add_argument("--without-brief-factors", action="store_const", const="none",
+                    dest="brief_factors", help="same as --brief-factors none")
     ev.add_argument("--measurements", action="append", default=[], metavar="FILE",
                     help="tightfit dataset JSONL (e.g. data/measurements/cpu-2core.jsonl) whose "
                          "single-stream runs join the evaluation (repeatable)")
@@ -42,7 +46,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
                                 "such as data/measurements/cpu-2core.jsonl")
     splits = ("device", "model") if args.split == "both" else (args.split,)
     result = report.run(splits, screen=not args.no_screen,
-                        exclude=report.BRIEF if args.without_brief_factors else (),
+                        brief=args.brief_factors,
                         measurements=tuple(args.measurements))
     pairs = result.pop("_pairs")
     if args.plots:

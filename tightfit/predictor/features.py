@@ -13,6 +13,12 @@ from tightfit.predictor.scenario import Scenario
 
 ENGINE_FEATURES = ("engine_hf", "engine_tightfit")
 BRIEF_FEATURES = ("lambda_mem", "lambda_comp", "lambda_quant", "lambda_all")
+# Phases whose default candidates include the brief's factors. Decided by the held-out ablation
+# (`tightfit predictor evaluate --split device --brief-factors all|none`, docs/predictor.md):
+# for decode they cost 3 points overall (17.7% without vs 20.8% with; tightfit's own data 15.6%
+# vs 26.5%, where lambda_comp ~ thread count extrapolates badly) and gain 1.3 on llmfit; for
+# prefill they help a little (10.6% vs 10.9%).
+BRIEF_PHASES = ("prefill",)
 
 
 def lambda_mem(bandwidth_gbps: float) -> float:
@@ -59,6 +65,16 @@ def features(s: Scenario, b: Breakdown, phase: str) -> dict[str, float]:
     if phase == "prefill":
         f["log_prompt"] = math.log(max(s.workload.prompt_tokens, 1))
     return f
+
+
+def candidate_names(phase: str, brief: str = "default") -> list[str]:
+    """Candidate features for screening: all of them, less the brief's factors where the
+    ablation found they do not help ("default"), or with them forced in ("all") or out
+    ("none")."""
+    if brief not in ("default", "all", "none"):
+        raise ValueError(f"brief must be default, all or none, not {brief!r}")
+    keep = brief == "all" or (brief == "default" and phase in BRIEF_PHASES)
+    return [n for n in feature_names(phase) if keep or n not in BRIEF_FEATURES]
 
 
 def feature_names(phase: str) -> list[str]:

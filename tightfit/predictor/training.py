@@ -48,7 +48,7 @@ def sample(obs: Sequence[Observation], phase: str) -> Sample:
 def fit_phase(obs: Sequence[Observation], phase: str, candidates: Sequence[str] | None = None,
               screen: bool = True, band: bool = True) -> ResidualModel:
     smp = sample(obs, phase)
-    names = list(candidates or features.feature_names(phase))
+    names = list(candidates or features.candidate_names(phase))
     if screen and len(set(smp.groups)) >= 3:
         sel = screening.select(smp.rows, smp.target, smp.groups, names, phase, smp.weights)
         kept, crosses = list(sel.kept), list(sel.crosses)
