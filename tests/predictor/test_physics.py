@@ -74,3 +74,17 @@ def test_brief_lambda_factors() -> None:
     assert features.lambda_mem(10) == 1.0
     assert features.lambda_comp(2, 8) == pytest.approx(0.2449, abs=1e-4)
     assert features.lambda_quant(4.5) == pytest.approx(4.5 / 16) and features.lambda_quant(32) == 1.0
+
+
+def test_apple_working_set_is_a_soft_cap(row) -> None:
+    """Past ~75% of RAM an Apple GPU runs outside its recommended working set (fits, not on
+    device); past what RAM holds beside the OS it does not fit."""
+    row["hardware"] = {"name": "M4 Pro", "kind": "apple", "memory_gb": 24,
+                       "memory_bandwidth_gbps": 273, "fp16_tflops": 17}
+    row["model"] = {"name": "gemma-3-27b-it"}
+    row["workload"]["context_tokens"] = 4096
+    b = _analyse(row)
+    assert 0.75 * 24 < b.memory.peak_bytes / 2**30 < 0.9 * 24
+    assert b.memory.fits and not b.memory.fits_on_device
+    row["hardware"]["memory_gb"] = 16
+    assert _analyse(row).memory.fits is False

@@ -22,6 +22,11 @@ MB = 2.0 ** 20
 GB = 2.0 ** 30  # memory sizes in the contract are GiB, as vendors and operating systems count them
 # Share of memory an engine can really use: macOS caps GPU working sets near 3/4 of RAM.
 _USABLE = {"apple": 0.75, "unified_soc": 0.9, "cpu": 0.9, "discrete_gpu": 1.0}
+# ... but on Apple chips that cap (the GPU's recommended working set) is soft: llama.cpp warns
+# and runs past it, up to what RAM holds beside the OS. The llmfit table has three deployments
+# predicted at 18.0-18.7 GiB that ran on a 24 GiB M4 Pro (cap 18 GiB). So "fits" allows the
+# hard limit; "fits_on_device" keeps the recommended one.
+_HARD_USABLE = {"apple": 0.9}
 _HF_LOAD_TRANSIENT = 0.25  # extra copy held while dequantising GGUF tensors at load time
 _GGUF_EMBED_BITS = 8.5  # tightfit keeps a GGUF source's token embedding as stored (Q8_0 here)
 # HF Transformers reading a GGUF file: fp32 copies while converting, ~a quarter of the weights
@@ -165,6 +170,9 @@ def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
         frac = min(1.0, room / max(weights + kv_min, 1.0))
         host = (1 - frac) * (weights + kv_min)
     fits = _fits(s, fits_dev, gpu, host, prof)
+    if not fits_dev and s.device.device_class in _HARD_USABLE:
+        hard = s.device.memory_gb * GB * s.device.device_count
+        fits = peak <= hard * _HARD_USABLE[s.device.device_class]
     return MemoryEstimate(weights, kv, buffers, runtime, peak, capacity, frac, host, fits_dev, fits,
                           transient, "load" if load_peak > serving_peak else "serving")
 
