@@ -54,3 +54,44 @@ def test_load_temporaries_leave_the_resident_set():
     held = m["after"] - m["before"]
     assert 120 < held < 260, m  # int8 body + Q8_0 embedding + int8 head, ~160 MiB of tensors
     assert m["peak"] - m["after"] < 120, m
+
+
+def _tensor_bytes(model: torch.nn.Module) -> int:
+    seen: set[int] = set()
+    total = 0
+    tensors = [t for n, t in list(model.named_parameters()) + list(model.named_buffers())
+               if not n.endswith(("cos", "sin_signed"))]
+    tensors += [v for m in model.modules() for v in vars(m).values() if isinstance(v, torch.Tensor)]
+    for t in tensors:
+        st = t.untyped_storage()
+        if st.data_ptr() not in seen:
+            seen.add(st.data_ptr())
+            total += st.nbytes()
+    return total
+
+
+def test_weight_bytes_predicted_from_the_header_bound_what_loading_holds():
+    """The pre-load budget check relies on 90% of the prediction being a lower bound."""
+    from tightfit.engine.llm import predicted_weight_bytes
+    from tightfit.engine.loader.model_loader import load_model
+
+    for quant in ("fp32", "native", "int8", "int4-g64"):
+        held = _tensor_bytes(load_model("default", quant).model)
+        predicted = predicted_weight_bytes("default", quant)
+        assert predicted is not None and 0.9 * predicted <= held <= 1.1 * predicted, (
+            quant, held / 2**20, predicted / 2**20)
+    assert predicted_weight_bytes("default", "plan.yaml") is None
+
+
+def test_a_hopeless_budget_is_refused_before_loading(monkeypatch):
+    import pytest
+
+    import tightfit.engine.llm as llm_mod
+    from tightfit.errors import TightfitError
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(llm_mod, "load_model", no_load)
+    with pytest.raises(TightfitError, match="predicted before loading.*--memory-budget"):
+        llm_mod.LLM("default", quant="native", memory_budget="200MiB")

@@ -50,6 +50,9 @@ class LLM:
         swap = parse_bytes(swap_bytes) if swap_bytes not in (0, "0") else 0
         self.num_threads = num_threads or default_threads()
         torch.set_num_threads(self.num_threads)
+        if self.memory_budget is not None:  # refuse a hopeless budget before the slow load
+            check_budget_before_load(self.memory_budget, model, quant, block_size, max_model_len,
+                                     max_num_batched_tokens, max_num_seqs, kv_dtype)
         loaded = load_model(model, quant)
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
@@ -140,6 +143,79 @@ class LLM:
 RUNTIME_SLACK_BYTES = 80 * 2**20
 
 
+def predicted_weight_bytes(model: str | os.PathLike | None, quant: str) -> int | None:
+    """Bytes the loaded weights will hold, from a GGUF file's header alone (no tensor is read):
+    stored bytes for `native` (plus an int8 head when the output shares the embedding), 4 bytes
+    a weight for fp32, 1 for int8, 4/8 + 4/N for int4-gN; the token embedding stays as stored
+    in the quantised formats. None for other sources (HF directories, .tfq files, plan files)."""
+    import re
+
+    from tightfit.engine.loader.gguf import GGUFFile
+    from tightfit.engine.loader.resolve import resolve_model
+
+    fmt = re.fullmatch(r"(fp32|native|int8|int4(?:-awq)?-g(\d+))", str(quant))
+    path = resolve_model(model)
+    if fmt is None or path.suffix != ".gguf":
+        return None
+    tensors = list(GGUFFile(path).tensors())
+    elems = {t.name: int(torch.Size(t.shape).numel()) for t in tensors}
+    params = sum(elems.values())
+    embed_name = "token_embd.weight"
+    embed = elems.get(embed_name, 0)
+    embed_stored = next((t.data.nbytes for t in tensors if t.name == embed_name), 0)
+    tied = "output.weight" not in elems
+    if quant == "fp32":
+        return 4 * params
+    if quant == "native":
+        return sum(t.data.nbytes for t in tensors) + (embed if tied else 0)
+    per_weight = 1.0 if quant == "int8" else 0.5 + 4 / int(fmt.group(2))
+    body = params - embed  # the projections (and an untied head)
+    return int(body * per_weight + embed_stored + (embed * per_weight if tied else 0))
+
+
+def check_budget_before_load(budget: int, model: str | os.PathLike | None, quant: str,
+                             block_size: int, max_model_len: int, max_batched_tokens: int,
+                             max_num_seqs: int, kv_dtype: str) -> None:
+    """Raises when even a lower bound of what loading leaves resident (this process now + 90% of
+    the predicted weights) with the activations and one sequence's KV exceeds the budget: the
+    check after loading (kv_bytes_for_budget) would refuse it too, after a load that may itself
+    overrun the budget. Budgets that pass are checked again, measured, after loading."""
+    import psutil
+
+    from tightfit.engine.loader.model_config import config_from_gguf
+    from tightfit.engine.loader.gguf import GGUFFile
+    from tightfit.engine.loader.resolve import resolve_model
+
+    weights = predicted_weight_bytes(model, quant)
+    if weights is None:
+        return
+    cfg = config_from_gguf(GGUFFile(resolve_model(model)))
+    resident = psutil.Process().memory_info().rss + 0.9 * weights
+    activations, one_seq = _activation_and_sequence_bytes(
+        cfg, block_size, max_model_len, max_batched_tokens, max_num_seqs, kv_dtype)
+    need = resident + activations + one_seq
+    if need > budget:
+        raise TightfitError(
+            f"memory budget {budget / 2**20:.0f} MiB cannot hold this model: it needs at least "
+            f"{need / 2**20:.0f} MiB (predicted before loading: weights {weights / 2**20:.0f} MiB "
+            f"in {quant}, this process {psutil.Process().memory_info().rss / 2**20:.0f} MiB now, "
+            f"activations ~{activations / 2**20:.0f} MiB, KV for one "
+            f"{min(max_model_len, 512)}-token sequence {one_seq / 2**20:.0f} MiB); raise "
+            "--memory-budget or pick a smaller weight format (--quant int4-g64)")
+
+
+def _activation_and_sequence_bytes(cfg: Any, block_size: int, max_model_len: int,
+                                   max_batched_tokens: int, max_num_seqs: int,
+                                   kv_dtype: str) -> tuple[int, int]:
+    per_token = (6 * cfg.hidden_size + 3 * cfg.intermediate_size
+                 + cfg.num_heads * cfg.head_dim * 2) * 4
+    activations = (max_batched_tokens * per_token + 2 * max_num_seqs * cfg.vocab_size * 4
+                   + RUNTIME_SLACK_BYTES)
+    kv_token = CacheConfig(kv_dtype=kv_dtype).kv_bytes_per_token(cfg)
+    one_seq = -(-min(max_model_len, 512) // block_size) * block_size * kv_token
+    return activations, one_seq
+
+
 def kv_bytes_for_budget(budget: int, loaded: Any, block_size: int, max_model_len: int,
                         max_batched_tokens: int, max_num_seqs: int, kv_dtype: str = "fp32") -> int:
     """Sizes the KV pool so that weights + runtime + activations + KV fit in `budget` bytes.
@@ -151,12 +227,8 @@ def kv_bytes_for_budget(budget: int, loaded: Any, block_size: int, max_model_len
 
     cfg = loaded.config
     resident = psutil.Process().memory_info().rss
-    per_token = (6 * cfg.hidden_size + 3 * cfg.intermediate_size
-                 + cfg.num_heads * cfg.head_dim * 2) * 4
-    activations = (max_batched_tokens * per_token + 2 * max_num_seqs * cfg.vocab_size * 4
-                   + RUNTIME_SLACK_BYTES)
-    kv_token = CacheConfig(kv_dtype=kv_dtype).kv_bytes_per_token(cfg)
-    one_seq = -(-min(max_model_len, 512) // block_size) * block_size * kv_token
+    activations, one_seq = _activation_and_sequence_bytes(
+        cfg, block_size, max_model_len, max_batched_tokens, max_num_seqs, kv_dtype)
     kv = int((budget - resident - activations) * 0.95)
     if kv < one_seq:
         need = resident + activations + one_seq
