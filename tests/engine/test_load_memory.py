@@ -73,14 +73,17 @@ def _tensor_bytes(model: torch.nn.Module) -> int:
 def test_weight_bytes_predicted_from_the_header_bound_what_loading_holds():
     """The pre-load budget check relies on 90% of the prediction being a lower bound."""
     from tightfit.engine.llm import predicted_weight_bytes
+    from tightfit.engine.loader.gguf import GGUFFile
     from tightfit.engine.loader.model_loader import load_model
+    from tightfit.engine.loader.resolve import resolve_model
 
+    g = GGUFFile(resolve_model("default"))
     for quant in ("fp32", "native", "int8", "int4-g64"):
         held = _tensor_bytes(load_model("default", quant).model)
-        predicted = predicted_weight_bytes("default", quant)
+        predicted = predicted_weight_bytes(g, quant)
         assert predicted is not None and 0.9 * predicted <= held <= 1.1 * predicted, (
             quant, held / 2**20, predicted / 2**20)
-    assert predicted_weight_bytes("default", "plan.yaml") is None
+    assert predicted_weight_bytes(g, "plan.yaml") is None
 
 
 def test_a_hopeless_budget_is_refused_before_loading(monkeypatch):

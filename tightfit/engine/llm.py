@@ -143,21 +143,17 @@ class LLM:
 RUNTIME_SLACK_BYTES = 80 * 2**20
 
 
-def predicted_weight_bytes(model: str | os.PathLike | None, quant: str) -> int | None:
-    """Bytes the loaded weights will hold, from a GGUF file's header alone (no tensor is read):
-    stored bytes for `native` (plus an int8 head when the output shares the embedding), 4 bytes
-    a weight for fp32, 1 for int8, 4/8 + 4/N for int4-gN; the token embedding stays as stored
-    in the quantised formats. None for other sources (HF directories, .tfq files, plan files)."""
+def predicted_weight_bytes(g: Any, quant: str) -> int | None:
+    """Bytes the loaded weights will hold, from a parsed GGUF file's header alone (no tensor is
+    read): stored bytes for `native` (plus an int8 head when the output shares the embedding),
+    4 bytes a weight for fp32, 1 for int8, 4/8 + 4/N for int4-gN; the token embedding stays as
+    stored in the quantised formats. None for other formats (plan files)."""
     import re
 
-    from tightfit.engine.loader.gguf import GGUFFile
-    from tightfit.engine.loader.resolve import resolve_model
-
     fmt = re.fullmatch(r"(fp32|native|int8|int4(?:-awq)?-g(\d+))", str(quant))
-    path = resolve_model(model)
-    if fmt is None or path.suffix != ".gguf":
+    if fmt is None:
         return None
-    tensors = list(GGUFFile(path).tensors())
+    tensors = list(g.tensors())
     elems = {t.name: int(torch.Size(t.shape).numel()) for t in tensors}
     params = sum(elems.values())
     embed_name = "token_embd.weight"
@@ -179,18 +175,24 @@ def check_budget_before_load(budget: int, model: str | os.PathLike | None, quant
     """Raises when even a lower bound of what loading leaves resident (this process now + 90% of
     the predicted weights) with the activations and one sequence's KV exceeds the budget: the
     check after loading (kv_bytes_for_budget) would refuse it too, after a load that may itself
-    overrun the budget. Budgets that pass are checked again, measured, after loading."""
+    overrun the budget. Budgets that pass are checked again, measured, after loading. Only GGUF
+    files are predicted (HF directories and .tfq files are checked after loading)."""
     import psutil
 
-    from tightfit.engine.loader.model_config import config_from_gguf
     from tightfit.engine.loader.gguf import GGUFFile
+    from tightfit.engine.loader.model_config import config_from_gguf
     from tightfit.engine.loader.resolve import resolve_model
 
-    weights = predicted_weight_bytes(model, quant)
+    path = resolve_model(model)
+    if path.suffix != ".gguf":
+        return
+    g = GGUFFile(path)
+    weights = predicted_weight_bytes(g, quant)
     if weights is None:
         return
-    cfg = config_from_gguf(GGUFFile(resolve_model(model)))
-    resident = psutil.Process().memory_info().rss + 0.9 * weights
+    cfg = config_from_gguf(g)
+    now = psutil.Process().memory_info().rss
+    resident = now + 0.9 * weights
     activations, one_seq = _activation_and_sequence_bytes(
         cfg, block_size, max_model_len, max_batched_tokens, max_num_seqs, kv_dtype)
     need = resident + activations + one_seq
@@ -198,7 +200,7 @@ def check_budget_before_load(budget: int, model: str | os.PathLike | None, quant
         raise TightfitError(
             f"memory budget {budget / 2**20:.0f} MiB cannot hold this model: it needs at least "
             f"{need / 2**20:.0f} MiB (predicted before loading: weights {weights / 2**20:.0f} MiB "
-            f"in {quant}, this process {psutil.Process().memory_info().rss / 2**20:.0f} MiB now, "
+            f"in {quant}, this process {now / 2**20:.0f} MiB now, "
             f"activations ~{activations / 2**20:.0f} MiB, KV for one "
             f"{min(max_model_len, 512)}-token sequence {one_seq / 2**20:.0f} MiB); raise "
             "--memory-budget or pick a smaller weight format (--quant int4-g64)")

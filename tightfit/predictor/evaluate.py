@@ -22,6 +22,8 @@ MEMORY_TARGET_SHARE, MEMORY_TARGET_GB = 0.10, 150e6 / 2**30  # issue 5: within 1
 def memory_within_target(pred: float, true: float) -> bool:
     """Peak memory within 10% of the measured value, or within 150 MB of it (small models)."""
     return abs(pred - true) <= max(MEMORY_TARGET_SHARE * true, MEMORY_TARGET_GB)
+
+
 _ZERO = ResidualModel("x", (), (), (), (), (), 0.0, 0.0)
 
 

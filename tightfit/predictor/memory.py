@@ -169,19 +169,18 @@ def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
         room = max(capacity - buffers - runtime - transient, 0.0)
         frac = min(1.0, room / max(weights + kv_min, 1.0))
         host = (1 - frac) * (weights + kv_min)
-    fits = _fits(s, fits_dev, gpu, host, prof)
-    if not fits_dev and s.device.device_class in _HARD_USABLE:
-        hard = s.device.memory_gb * GB * s.device.device_count
-        fits = peak <= hard * _HARD_USABLE[s.device.device_class]
+    fits = _fits(s, fits_dev, gpu, host, prof, peak)
     return MemoryEstimate(weights, kv, buffers, runtime, peak, capacity, frac, host, fits_dev, fits,
                           transient, "load" if load_peak > serving_peak else "serving")
 
 
-def _fits(s: Scenario, fits_dev: bool, gpu: bool, host: float, prof: EngineProfile) -> bool | None:
+def _fits(s: Scenario, fits_dev: bool, gpu: bool, host: float, prof: EngineProfile,
+          peak: float) -> bool | None:
     if fits_dev:
         return True
-    if not gpu:
-        return False
+    if not gpu:  # past a soft cap (Apple's working set), the hard one still holds
+        hard = _HARD_USABLE.get(s.device.device_class)
+        return hard is not None and peak <= s.device.memory_gb * GB * s.device.device_count * hard
     if s.device.host_memory_gb is None:
         return None
     host_need = host + prof.host_runtime_mb * MB
