@@ -156,3 +156,4 @@ class EngineConfig:
     attention: str = "fast"  # "fast" (batched gather + SDPA) or "reference" (plain torch)
     num_threads: int | None = None
     compile_decode: bool = False  # decode-only steps through torch.compile (engine/compiled.py)
+    scripted_decode: bool = True  # decode-only steps through TorchScript (engine/scripted.py)

@@ -34,6 +34,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="run decode steps through torch.compile (C++ wrapper): ~1.5x faster "
                         "decode, but the first start compiles for minutes (cached on disk "
                         "afterwards); fp32 KV cache only")
+    g.add_argument("--no-script", dest="scripted", action="store_false",
+                   help="run decode steps through eager PyTorch modules instead of the "
+                        "TorchScript decode stack (same results, slower; for debugging)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
@@ -82,7 +85,8 @@ def build_llm(args: argparse.Namespace, **extra: Any) -> Any:
                max_model_len=args.max_model_len, kv_cache_memory=args.kv_cache_memory,
                kv_dtype=getattr(args, "kv_dtype", "fp32"),
                memory_budget=getattr(args, "memory_budget", None),
-               compile_decode=getattr(args, "compile", False), **extra)
+               compile_decode=getattr(args, "compile", False),
+               scripted_decode=getattr(args, "scripted", True), **extra)
 
 
 def sampling_from_args(args: argparse.Namespace) -> Any:

@@ -36,7 +36,7 @@ class LLM:
                  swap_bytes: int | str = "256MiB",
                  tiers: tuple[tuple[str, int, float], ...] | None = None,
                  idle_ttl_s: float | None = 600.0, preemption_mode: str = "auto",
-                 compile_decode: bool = False) -> None:
+                 compile_decode: bool = False, scripted_decode: bool = True) -> None:
         if attention not in ("fast", "reference"):
             raise TightfitError(f"attention must be 'fast' or 'reference', got {attention!r}")
         if kv_dtype not in KV_DTYPES:  # checked before the (slow) model load
@@ -66,7 +66,7 @@ class LLM:
                             idle_ttl_s=idle_ttl_s)
         cfg = EngineConfig(model=loaded.config, cache=cache, scheduler=sched,
                            attention=attention, num_threads=self.num_threads,
-                           compile_decode=compile_decode)
+                           compile_decode=compile_decode, scripted_decode=scripted_decode)
         self.engine = LLMEngine(loaded.model, loaded.tokenizer, cfg)
 
     def derive(self, *, attention: str | None = None, **fields: Any) -> "LLM":

@@ -18,7 +18,9 @@ from tightfit.config import CacheConfig, ModelConfig
 from tightfit.engine.attention import (AttentionGroup, AttentionMetadata, Int8KVCache,
                                        make_kv_cache)
 from tightfit.engine.compiled import CompiledDecode
+from tightfit.engine.models.transformer import DecoderModel
 from tightfit.engine.scheduler import ScheduledSeq, SchedulerOutput
+from tightfit.engine.scripted import ScriptedDecode
 
 
 def num_kv_blocks(model: ModelConfig, cache: CacheConfig, dtype_bytes: int | None = None) -> int:
@@ -34,7 +36,8 @@ def num_kv_blocks(model: ModelConfig, cache: CacheConfig, dtype_bytes: int | Non
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, cfg: ModelConfig, cache: CacheConfig,
-                 num_blocks: int, attention: str = "fast", compile_decode: bool = False) -> None:
+                 num_blocks: int, attention: str = "fast", compile_decode: bool = False,
+                 scripted_decode: bool = True) -> None:
         self.model = model
         self.cfg = cfg
         self.block_size = cache.block_size
@@ -58,6 +61,11 @@ class ModelRunner:
             self.compiled = CompiledDecode.for_model(model)
             self.compiled.warmup(self.kv_caches, cache.block_size)
         self.compiled_steps = 0
+        self.scripted: ScriptedDecode | None = None
+        if (scripted_decode and self.compiled is None and attention == "fast"
+                and kv_dtype == "fp32" and isinstance(model, DecoderModel)):
+            self.scripted = ScriptedDecode.for_model(model)
+        self.scripted_steps = 0
 
     def _slots(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
         blocks = torch.tensor(block_table, dtype=torch.long)
@@ -187,6 +195,10 @@ class ModelRunner:
                 and CompiledDecode.eligible(meta, self.kv_caches)):
             self.compiled_steps += 1
             return sampling, self.compiled(input_ids, positions, meta, self.kv_caches, rows_t)
+        if (self.scripted is not None and rows and len(rows) == len(ordered)
+                and ScriptedDecode.eligible(meta, self.kv_caches)):
+            self.scripted_steps += 1
+            return sampling, self.scripted(input_ids, positions, meta, self.kv_caches, rows_t)
         logits = self.model(input_ids, positions, meta, self.kv_caches, rows_t, self.attention)
         return sampling, logits
 

@@ -30,7 +30,8 @@ class BackendOptions:
     memory_budget: str | None = None
     prefix_caching: bool | None = None
     max_model_len: int = 2048
-    # backend-specific, recorded as given (tightfit: {"compile_decode": true}); kept out of the
+    # backend-specific, recorded as given (tightfit: {"compile_decode": true} or
+    # {"scripted_decode": false} for eager decode steps); kept out of the
     # fields above so that stored runs keep their keys
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -43,7 +44,8 @@ class BackendOptions:
     def load_key(self) -> tuple[Any, ...]:
         """Options that need a fresh model load when they change (the rest reuse the weights)."""
         return (self.model, self.quant, self.threads, self.memory_budget, self.max_model_len,
-                bool(self.extra.get("compile_decode")))
+                bool(self.extra.get("compile_decode")),
+                bool(self.extra.get("scripted_decode", True)))
 
 
 @dataclass

@@ -42,7 +42,8 @@ class TightfitBackend(Backend):
                            kv_cache_memory=o.kv_cache_memory or DEFAULT_KV,
                            memory_budget=o.memory_budget, max_model_len=o.max_model_len,
                            kv_dtype=o.kv_dtype or DEFAULT_KV_DTYPE,
-                           compile_decode=bool(o.extra.get("compile_decode")))
+                           compile_decode=bool(o.extra.get("compile_decode")),
+                           scripted_decode=bool(o.extra.get("scripted_decode", True)))
         if self.load_time_s is None:
             self.load_time_s = time.perf_counter() - t0
         _check_quant_applied(o.quant, self.llm.loaded.model)

@@ -1,0 +1,310 @@
+"""Decode steps through TorchScript: the layers, final norm and output head of a decode-only step
+run as one scripted module, so the ~100 small ops of each layer (norms, rotary, views, casts,
+KV write and gather) are dispatched by TorchScript's C++ interpreter instead of Python.
+
+Why: with 4-bit weights, single-stream decode of the default model spends more time outside the
+matmuls than in them (docs/performance.md). Scripting costs about a second at engine start and
+no memory beyond the interpreter (the scripted modules hold the model's own tensors), unlike
+`torch.compile` (minutes of compile, ~270 MiB). It is the default (`LLM(scripted_decode=True)`;
+`--no-script` turns it off).
+
+Same arithmetic as the eager modules, op for op (same kernels, same order: outputs are
+bit-identical; tests/engine/test_scripted.py). Rotary is applied to q and k in one call when the
+model has no QK-norm (elementwise, so identical). Only decode-only steps with fast attention and
+an fp32 KV cache take this path, and only for models built from the layer types below (fp32,
+int8 and int4 linears, fused or side by side); anything else runs eagerly.
+"""
+import logging
+import warnings
+from typing import Any, Final, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tightfit.engine.attention import AttentionMetadata
+
+log = logging.getLogger(__name__)
+_ATTR = "_tightfit_scripted_decode"
+KIND_DENSE, KIND_INT8, KIND_INT4 = 0, 1, 2  # _Linear.kind
+
+
+class Unsupported(Exception):
+    """The model holds a module the scripted path does not reproduce; decode stays eager."""
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # The eager RMSNorm's formula, term for term (layers.py), so results are bit-identical.
+    var = x.pow(2).mean(-1, keepdim=True)
+    return weight * (x * torch.rsqrt(var + eps))
+
+
+class _Linear(nn.Module):
+    """One DenseLinear / nn.Linear / Int8Linear / Int4Linear, reading the same tensors."""
+
+    kind: Final[int]
+    group: Final[int]
+    out_features: Final[int]
+    out_padded: Final[int]
+    pad_k: Final[int]
+
+    def __init__(self, src: nn.Module) -> None:
+        super().__init__()
+        from tightfit.engine.models.transformer import DenseLinear
+        from tightfit.engine.quant.linear import Int4Linear, Int8Linear
+
+        inv = None
+        group = pad_k = 0
+        if isinstance(src, (DenseLinear, nn.Linear)):
+            kind, weight, scales = KIND_DENSE, src.weight.detach(), torch.empty(0)
+            out_f = out_padded = int(src.weight.shape[0])
+        elif isinstance(src, Int8Linear):
+            kind, weight, scales = KIND_INT8, src.weight_int8, src.scales
+            out_f = out_padded = src.out_features
+            inv = src.input_scale_inv
+        elif isinstance(src, Int4Linear):
+            kind, weight, scales = KIND_INT4, src.weight_packed, src.scales_and_zeros
+            out_f, out_padded = src.out_features, src.out_padded
+            group, pad_k, inv = src.group_size, src.in_padded - src.in_features, \
+                src.input_scale_inv
+        else:
+            raise Unsupported(type(src).__name__)
+        bias = src.bias.detach() if src.bias is not None else None
+        self.kind, self.group, self.pad_k = kind, int(group), int(pad_k)
+        self.out_features, self.out_padded = int(out_f), int(out_padded)
+        self.weight = weight
+        self.scales = scales
+        self.bias = bias
+        self.input_scale_inv = inv
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == 0:  # KIND_DENSE
+            return F.linear(x, self.weight, self.bias)
+        inv = self.input_scale_inv
+        if inv is not None:
+            x = x * inv
+        scales = self.scales
+        x2 = x.to(scales.dtype)
+        if self.kind == 1:  # KIND_INT8
+            y = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.weight, scales)
+        else:
+            if self.pad_k > 0:
+                x2 = F.pad(x2, [0, self.pad_k])
+            else:
+                x2 = x2.contiguous()
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.weight, self.group, scales)
+            if self.out_padded != self.out_features:
+                y = y[:, :self.out_features]
+        y = y.to(x.dtype)
+        bias = self.bias
+        if bias is not None:
+            y = y + bias
+        return y
+
+
+class _Split(nn.Module):
+    """SplitLinear: projections of one input in different formats, outputs concatenated."""
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs: List[torch.Tensor] = []
+        for p in self.parts:
+            outs.append(p(x))
+        return torch.cat(outs, dim=-1)
+
+
+def _linear(src: nn.Module) -> nn.Module:
+    from tightfit.engine.quant.plan import SplitLinear
+
+    if isinstance(src, SplitLinear):
+        return _Split([_linear(p) for p in src.parts])
+    return _Linear(src)
+
+
+class _Layer(nn.Module):
+    n_heads: Final[int]
+    n_kv: Final[int]
+    head_dim: Final[int]
+    half: Final[int]
+    inter: Final[int]
+    gelu: Final[bool]
+    local_rope: Final[bool]
+    sliding: Final[bool]
+    scale: Final[float]
+    eps: Final[float]
+
+    def __init__(self, layer: nn.Module, local_rope: bool) -> None:
+        super().__init__()
+        a = layer.attn
+        if a.rotary.half * 2 != a.head_dim:
+            raise Unsupported("rotary dimension")
+        self.qkv, self.o = _linear(a.qkv), _linear(a.o)
+        self.gate_up, self.down = _linear(layer.mlp.gate_up), _linear(layer.mlp.down)
+        norms = {"attn_norm": layer.attn_norm, "ffn_norm": layer.ffn_norm,
+                 "post_attn_norm": getattr(layer, "post_attn_norm", None) if layer.sandwich
+                 else None,
+                 "post_ffn_norm": getattr(layer, "post_ffn_norm", None) if layer.sandwich
+                 else None,
+                 "q_norm": a.q_norm, "k_norm": a.k_norm}
+        eps = {n.eps for n in norms.values() if n is not None}
+        if len(eps) != 1:
+            raise Unsupported("norms with different eps")
+        self.eps = float(eps.pop())
+        for name, norm in norms.items():
+            setattr(self, name, None if norm is None else norm.weight.detach())
+        self.n_heads, self.n_kv, self.head_dim = a.n_heads, a.n_kv, a.head_dim
+        self.half = a.rotary.half
+        self.inter = layer.mlp.intermediate
+        self.gelu = layer.mlp.act != "silu"
+        self.local_rope = local_rope
+        self.sliding = a.window is not None
+        self.scale = float(a.scale)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return x * cos + x.roll(self.half, -1) * sin
+
+    def forward(self, x: torch.Tensor, cos_g: torch.Tensor, sin_g: torch.Tensor,
+                cos_l: torch.Tensor, sin_l: torch.Tensor, slot_mapping: torch.Tensor,
+                starts: List[int], batches: List[int], kv_index: List[torch.Tensor],
+                masks: List[Optional[torch.Tensor]], sliding_masks: List[Optional[torch.Tensor]],
+                k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
+        cos, sin = (cos_l, sin_l) if self.local_rope else (cos_g, sin_g)
+        qkv = self.qkv(_rms_norm(x, self.attn_norm, self.eps))
+        nq, nk = H * D, Hkv * D
+        q_norm, k_norm = self.q_norm, self.k_norm
+        if q_norm is not None and k_norm is not None:
+            q = self._rotate(_rms_norm(qkv[:, :nq].view(t, H, D), q_norm, self.eps), cos, sin)
+            k = self._rotate(_rms_norm(qkv[:, nq:nq + nk].view(t, Hkv, D), k_norm, self.eps),
+                             cos, sin)
+        else:  # q and k are adjacent in qkv: rotate both in one call
+            qk = self._rotate(qkv[:, :nq + nk].view(t, H + Hkv, D), cos, sin)
+            q, k = qk[:, :H], qk[:, H:]
+        v = qkv[:, nq + nk:].reshape(t, Hkv, D)
+        flat_k = k_cache.view(-1, Hkv, D)
+        flat_v = v_cache.view(-1, Hkv, D)
+        flat_k.index_copy_(0, slot_mapping, k)
+        flat_v.index_copy_(0, slot_mapping, v)
+        if len(starts) == 1:
+            o = self._attend(q, flat_k, flat_v, kv_index[0], masks[0], sliding_masks[0],
+                             batches[0]).reshape(t, H * D)
+        else:
+            out = torch.empty(t, H, D, dtype=q.dtype)
+            for i in range(len(starts)):
+                s, b = starts[i], batches[i]
+                out[s:s + b] = self._attend(q[s:s + b], flat_k, flat_v, kv_index[i], masks[i],
+                                            sliding_masks[i], b)
+            o = out.reshape(t, H * D)
+        h = self.o(o)
+        post_attn = self.post_attn_norm
+        if post_attn is not None:
+            h = _rms_norm(h, post_attn, self.eps)
+        x = x + h
+        gu = self.gate_up(_rms_norm(x, self.ffn_norm, self.eps))
+        gate, up = gu[:, :self.inter], gu[:, self.inter:]
+        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        h = self.down(act * up)
+        post_ffn = self.post_ffn_norm
+        if post_ffn is not None:
+            h = _rms_norm(h, post_ffn, self.eps)
+        return x + h
+
+    def _attend(self, q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
+                index: torch.Tensor, mask: Optional[torch.Tensor],
+                sliding_mask: Optional[torch.Tensor], batch: int) -> torch.Tensor:
+        """q [B, H, D] (one query each) -> [B, H, D], as attention.fast_attention's decode case."""
+        qg = q.view(batch, 1, self.n_heads, self.head_dim).transpose(1, 2)
+        kg = flat_k[index].transpose(1, 2)
+        vg = flat_v[index].transpose(1, 2)
+        if self.sliding and sliding_mask is not None:
+            mask = sliding_mask
+        o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, scale=self.scale,
+                                           enable_gqa=True)
+        return o.transpose(1, 2).reshape(batch, self.n_heads, self.head_dim)
+
+
+class _Stack(nn.Module):
+    eps: Final[float]
+    softcap: Final[float]
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        local = model.rotaries[1] if len(model.rotaries) > 1 else None
+        self.layers = nn.ModuleList(_Layer(layer, layer.attn.rotary is local)
+                                    for layer in model.layers)
+        self.norm = model.norm.weight.detach()
+        self.eps = float(model.norm.eps)
+        self.head = _linear(model.lm_head)
+        self.softcap = float(model.cfg.final_logit_softcap or 0.0)
+
+    def forward(self, x: torch.Tensor, cos_g: torch.Tensor, sin_g: torch.Tensor,
+                cos_l: torch.Tensor, sin_l: torch.Tensor, slot_mapping: torch.Tensor,
+                starts: List[int], batches: List[int], kv_index: List[torch.Tensor],
+                masks: List[Optional[torch.Tensor]], sliding_masks: List[Optional[torch.Tensor]],
+                k_caches: List[torch.Tensor], v_caches: List[torch.Tensor],
+                rows: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos_g, sin_g, cos_l, sin_l, slot_mapping, starts, batches, kv_index,
+                      masks, sliding_masks, k_caches[i], v_caches[i])
+        x = x[rows]
+        logits = self.head(_rms_norm(x, self.norm, self.eps))
+        if self.softcap > 0.0:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+class ScriptedDecode:
+    """The scripted decode stack of one model (shared by every engine on its weights)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.rotaries = list(model.rotaries)
+        self.fn = torch.jit.script(_Stack(model))
+
+    @classmethod
+    def for_model(cls, model: nn.Module) -> "ScriptedDecode | None":
+        """The model's scripted stack, built once; None when the model holds a module the
+        scripted path does not reproduce (decode then stays eager)."""
+        found = model.__dict__.get(_ATTR)
+        if found is None:
+            try:
+                with warnings.catch_warnings():
+                    # torch.jit.script is deprecated in favour of torch.compile / torch.export,
+                    # which cost minutes of compile here (engine/compiled.py); it still works,
+                    # and if a future torch drops it, decode stays eager (below).
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    found = cls(model)
+            except Unsupported:
+                found = False
+            except Exception as exc:  # TorchScript missing or unable to script: eager decode
+                log.warning("scripted decode unavailable (%s: %s); decoding eagerly",
+                            type(exc).__name__, exc)
+                found = False
+            object.__setattr__(model, _ATTR, found)  # not a submodule: no state_dict entry
+        return found or None
+
+    @staticmethod
+    def eligible(meta: AttentionMetadata, kv_caches: list[tuple[Any, Any]]) -> bool:
+        """A decode-only step reading the paged cache (any number of length buckets), with an
+        fp32 KV cache and no study hook."""
+        return (meta.attend is None and isinstance(kv_caches[0][0], torch.Tensor)
+                and all(g.q_len == 1 and g.kv_index is not None for g in meta.groups))
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor
+                 ) -> torch.Tensor:
+        tables = [r.tables(positions, None) for r in self.rotaries]
+        (cos_g, sin_g), (cos_l, sin_l) = tables[0], tables[-1]
+        groups = meta.groups
+        # The plain interpreter: the profiling executor's specialised plans bought nothing here
+        # and held ~26 MiB more RSS (varying context lengths keep re-specialising them).
+        with torch.jit.optimized_execution(False):
+            return self.fn(self.model.embed_tokens(input_ids), cos_g, sin_g, cos_l, sin_l,
+                           meta.slot_mapping, [g.token_start for g in groups],
+                           [g.batch for g in groups], [g.kv_index for g in groups],
+                           [g.mask for g in groups], [g.sliding_mask for g in groups],
+                           [k for k, _ in kv_caches], [v for _, v in kv_caches], rows)
