@@ -147,3 +147,18 @@ def test_a_server_that_cannot_start_is_a_clear_error():
     b = TightfitServeBackend(BackendOptions(quant="int5-nope", threads=1))
     with pytest.raises(TightfitError, match="tightfit-serve exited with"):
         b.load()
+
+
+def test_no_script_reaches_every_tightfit_backend_and_only_them():
+    from tightfit.bench.backends.llama_server_backend import TightfitServeBackend
+
+    tasks = compare.compare_tasks(None, 2, True, suite=compare.LLAMACPP_SUITE,
+                                  scripted_decode=False)
+    for t in tasks:
+        expected = {"scripted_decode": False} if t.backend.startswith("tightfit") else {}
+        assert t.options.extra == expected, t.backend
+    serve = next(t for t in tasks if t.backend == "tightfit-serve")
+    assert "--no-script" in TightfitServeBackend(serve.options).command(8000)
+    default = next(t for t in compare.compare_tasks(None, 2, True, suite=compare.LLAMACPP_SUITE)
+                   if t.backend == "tightfit-serve")
+    assert "--no-script" not in TightfitServeBackend(default.options).command(8000)

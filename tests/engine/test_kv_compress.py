@@ -179,7 +179,7 @@ def _attention_inputs(kv_dtype: str) -> tuple:
 
 def test_fast_and_reference_paths_agree_on_an_int8_cache():
     q, k, v, kc, vc, fk, fv, meta = _attention_inputs("int8")
-    fast = fast_attention(q, k, v, fk, fv, meta, 8 ** -0.5, False)
+    fast = fast_attention(q, k, v, kc, vc, meta, 8 ** -0.5, False)
     ref = reference_attention(q, kc, vc, meta, 8 ** -0.5, None)
     assert torch.allclose(fast, ref, atol=1e-5)
     q2, k2, v2, kc2, vc2, *_ = _attention_inputs("fp32")  # same random values, fp32 cache

@@ -116,15 +116,19 @@ TARGETS = HF_SUITE.targets  # kept for callers that knew only the HF comparison
 
 def compare_tasks(model: str | None, threads: int, quick: bool,
                   backends: tuple[str, ...] | None = None, suite: Suite = HF_SUITE,
-                  compile_decode: bool = False) -> list[Task]:
+                  compile_decode: bool = False, scripted_decode: bool = True) -> list[Task]:
     gen = 16 if quick else 64
     out = {"decode": Overrides(output_tokens=gen), "ttft": Overrides(), "prefill": Overrides(),
            "concurrent-16": Overrides(output_tokens=gen)}
     # llama-bench is a program the CLI runs after the backends, not a backend
     chosen = [b for b in (backends if backends is not None else suite.plan) if b != LLAMA_BENCH]
     def options(backend: str) -> BackendOptions:
-        extra = {"compile_decode": True} if compile_decode and backend.startswith("tightfit") \
-            else {}
+        extra: dict[str, bool] = {}
+        if backend.startswith("tightfit"):
+            if compile_decode:
+                extra["compile_decode"] = True
+            if not scripted_decode:
+                extra["scripted_decode"] = False
         return BackendOptions(model=model, quant=suite.quant, threads=threads, extra=extra)
 
     return [Task(b, options(b), scenario, out[scenario], sweep=SWEEP_NAME)

@@ -47,6 +47,9 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
                    help="tightfit backends run decode steps through torch.compile (the first "
                         "load compiles for minutes; cached on disk afterwards)")
+    p.add_argument("--no-script", dest="scripted", action="store_false",
+                   help="tightfit backends run decode steps eagerly instead of through the "
+                        "TorchScript decode stack (to compare the two)")
     p.add_argument("--backends", default=None,
                    help="comma-separated subset of the suite's backends (default: all of them)")
     _store_args(p)
@@ -79,7 +82,7 @@ def run_compare(args: argparse.Namespace) -> int:
     backends = (tuple(b.strip() for b in args.backends.split(",") if b.strip())
                 if args.backends else None)
     tasks = compare.compare_tasks(args.model, args.threads, args.quick, backends, suite,
-                                  compile_decode=args.compile)
+                                  compile_decode=args.compile, scripted_decode=args.scripted)
     rows = session.execute(tasks, _store(args, "compare"), "tightfit bench",
                            args.refresh_fingerprint)
     comp = compare.collect(rows, args.model or "default", args.threads, suite)

@@ -40,10 +40,11 @@ class CompiledDecode:
         return found
 
     def _run(self, x: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-             kv_index: torch.Tensor, mask: torch.Tensor, sliding_mask: torch.Tensor | None,
+             kv_blocks: torch.Tensor, mask: torch.Tensor, sliding_mask: torch.Tensor | None,
              rows: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
              ) -> torch.Tensor:
-        group = AttentionGroup(0, x.shape[0], 1, kv_index, mask, sliding_mask)
+        group = AttentionGroup(0, x.shape[0], 1, None, mask, sliding_mask, kv_blocks=kv_blocks,
+                               kv_len=mask.shape[-1])
         meta = AttentionMetadata(slot_mapping=slot_mapping, groups=[group])
         return self.model.forward_hidden(x, positions, meta, kv_caches, rows, "fast")
 
@@ -52,22 +53,23 @@ class CompiledDecode:
         """A decode-only step in one length bucket (prepare() gives every prefill chunk its own
         group), reading the paged cache, with an fp32 KV cache."""
         return (len(meta.groups) == 1 and meta.groups[0].q_len == 1
-                and meta.groups[0].kv_index is not None and meta.attend is None
+                and meta.groups[0].kv_blocks is not None and meta.attend is None
                 and isinstance(kv_caches[0][0], torch.Tensor))
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                  kv_caches: list[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor
                  ) -> torch.Tensor:
         g = meta.groups[0]
-        assert g.kv_index is not None
-        # Always a mask (all True when nothing is padded) and, for sliding-window models, always
-        # a sliding mask: fewer graph variants than None-or-tensor would give.
-        mask = g.mask if g.mask is not None else torch.ones(g.batch, 1, 1, g.kv_index.shape[1],
+        assert g.kv_blocks is not None
+        # Always a mask (all True when nothing is padded; its length is the context read) and,
+        # for sliding-window models, always a sliding mask: fewer graph variants than
+        # None-or-tensor would give.
+        mask = g.mask if g.mask is not None else torch.ones(g.batch, 1, 1, g.kv_len,
                                                             dtype=torch.bool)
         sliding = (g.sliding_mask if g.sliding_mask is not None else mask) if self.sliding \
             else None
         x = self.model.embed_tokens(input_ids)
-        return self.fn(x, positions, meta.slot_mapping, g.kv_index, mask, sliding, rows,
+        return self.fn(x, positions, meta.slot_mapping, g.kv_blocks, mask, sliding, rows,
                        kv_caches)
 
     def warmup(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int) -> None:
@@ -80,9 +82,10 @@ class CompiledDecode:
         with torch.inference_mode():  # as in ModelRunner.execute: guards see inference tensors
             for batch in (1, 2):
                 ctx = max(2, slots // 2)
-                index = torch.arange(ctx).repeat(batch, 1)
+                blocks = torch.zeros(batch, 1, dtype=torch.long)
                 meta = AttentionMetadata(slot_mapping=torch.arange(batch) + ctx - batch,
-                                         groups=[AttentionGroup(0, batch, 1, index, None)])
+                                         groups=[AttentionGroup(0, batch, 1, None, None,
+                                                                kv_blocks=blocks, kv_len=ctx)])
                 self(torch.zeros(batch, dtype=torch.long), torch.full((batch,), ctx - 1), meta,
                      kv_caches, torch.arange(batch))
         self.warmed = True

@@ -43,8 +43,8 @@ class ModelRunner:
         self.block_size = cache.block_size
         self.attention = attention
         shape = (num_blocks, cache.block_size, cfg.num_kv_heads, cfg.head_dim)
-        # torch.empty: pages become resident only when first written, so an idle pool costs
-        # address space, not RSS.
+        # Anonymous maps (attention.untouched_zeros): pages become resident only when first
+        # written, so an idle pool costs address space, not RSS; unwritten slots read as 0.
         kv_dtype = cache.kv_dtype
         self.kv_caches = [(make_kv_cache(shape, kv_dtype), make_kv_cache(shape, kv_dtype))
                           for _ in range(cfg.num_layers)]
@@ -91,12 +91,21 @@ class ModelRunner:
                 buckets[-1].append(s)
         return buckets
 
+    def _blocks(self, block_tables: list[list[int]], lengths: list[int]) -> torch.Tensor:
+        """[B, nb] ids of the blocks holding each sequence's first `length` slots, padded with
+        block 0 (its slots are masked)."""
+        bs = self.block_size
+        nb = (max(lengths) + bs - 1) // bs
+        rows = []
+        for table, n in zip(block_tables, lengths):
+            used = table[:(n + bs - 1) // bs]
+            rows.append(used + [0] * (nb - len(used)))
+        return torch.tensor(rows, dtype=torch.long)
+
     def _decode_group(self, items: list[ScheduledSeq], token_start: int) -> AttentionGroup:
         ctx = [s.start + 1 for s in items]
         lmax = max(ctx)
-        index = torch.zeros(len(items), lmax, dtype=torch.long)
-        for i, s in enumerate(items):
-            index[i, :ctx[i]] = self._slots(s.seq.block_table, 0, ctx[i])
+        blocks = self._blocks([s.seq.block_table for s in items], ctx)
         kpos = torch.arange(lmax).view(1, -1)
         ctx_t = torch.tensor(ctx).view(-1, 1)
         valid = kpos < ctx_t
@@ -107,7 +116,8 @@ class ModelRunner:
             sliding = (valid & (kpos > ctx_t - 1 - window)).view(len(items), 1, 1, lmax)
             if mask is None:
                 mask = valid.view(len(items), 1, 1, lmax)
-        return AttentionGroup(token_start, len(items), 1, index, mask, sliding)
+        return AttentionGroup(token_start, len(items), 1, None, mask, sliding,
+                              kv_blocks=blocks, kv_len=lmax)
 
     def _prefill_group(self, s: ScheduledSeq, token_start: int) -> AttentionGroup:
         n, start = s.num_new_tokens, s.start
@@ -115,14 +125,15 @@ class ModelRunner:
         if start == 0 and (window is None or n <= window):
             return AttentionGroup(token_start, 1, n, None, None)
         ctx = start + n
-        index = self._slots(s.seq.block_table, 0, ctx).view(1, ctx)
+        blocks = self._blocks([s.seq.block_table], [ctx])
         qpos = torch.arange(start, ctx).view(-1, 1)
         kpos = torch.arange(ctx).view(1, -1)
         causal = kpos <= qpos
         sliding = None
         if window is not None:
             sliding = (causal & (qpos - kpos < window)).view(1, 1, n, ctx)
-        return AttentionGroup(token_start, 1, n, index, causal.view(1, 1, n, ctx), sliding)
+        return AttentionGroup(token_start, 1, n, None, causal.view(1, 1, n, ctx), sliding,
+                              kv_blocks=blocks, kv_len=ctx)
 
     def prepare(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata,
                                                      list[ScheduledSeq]]:

@@ -13,6 +13,9 @@ bit-identical; tests/engine/test_scripted.py). Rotary is applied to q and k in o
 model has no QK-norm (elementwise, so identical). Only decode-only steps with fast attention and
 an fp32 KV cache take this path, and only for models built from the layer types below (fp32,
 int8 and int4 linears, fused or side by side); anything else runs eagerly.
+
+(No `from __future__ import annotations` here: TorchScript reads the `Final` class annotations
+at runtime.)
 """
 import logging
 import warnings
@@ -168,7 +171,8 @@ class _Layer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos_g: torch.Tensor, sin_g: torch.Tensor,
                 cos_l: torch.Tensor, sin_l: torch.Tensor, slot_mapping: torch.Tensor,
-                starts: List[int], batches: List[int], kv_index: List[torch.Tensor],
+                starts: List[int], batches: List[int], kv_blocks: List[torch.Tensor],
+                kv_len: List[int],
                 masks: List[Optional[torch.Tensor]], sliding_masks: List[Optional[torch.Tensor]],
                 k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
@@ -190,14 +194,14 @@ class _Layer(nn.Module):
         flat_k.index_copy_(0, slot_mapping, k)
         flat_v.index_copy_(0, slot_mapping, v)
         if len(starts) == 1:
-            o = self._attend(q, flat_k, flat_v, kv_index[0], masks[0], sliding_masks[0],
-                             batches[0]).reshape(t, H * D)
+            o = self._attend(q, k_cache, v_cache, kv_blocks[0], kv_len[0], masks[0],
+                             sliding_masks[0], batches[0]).reshape(t, H * D)
         else:
             out = torch.empty(t, H, D, dtype=q.dtype)
             for i in range(len(starts)):
                 s, b = starts[i], batches[i]
-                out[s:s + b] = self._attend(q[s:s + b], flat_k, flat_v, kv_index[i], masks[i],
-                                            sliding_masks[i], b)
+                out[s:s + b] = self._attend(q[s:s + b], k_cache, v_cache, kv_blocks[i],
+                                            kv_len[i], masks[i], sliding_masks[i], b)
             o = out.reshape(t, H * D)
         h = self.o(o)
         post_attn = self.post_attn_norm
@@ -213,13 +217,16 @@ class _Layer(nn.Module):
             h = _rms_norm(h, post_ffn, self.eps)
         return x + h
 
-    def _attend(self, q: torch.Tensor, flat_k: torch.Tensor, flat_v: torch.Tensor,
-                index: torch.Tensor, mask: Optional[torch.Tensor],
+    def _attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                blocks: torch.Tensor, length: int, mask: Optional[torch.Tensor],
                 sliding_mask: Optional[torch.Tensor], batch: int) -> torch.Tensor:
-        """q [B, H, D] (one query each) -> [B, H, D], as attention.fast_attention's decode case."""
+        """q [B, H, D] (one query each) -> [B, H, D], as attention.fast_attention's decode case
+        (attention.gather_blocks inlined)."""
         qg = q.view(batch, 1, self.n_heads, self.head_dim).transpose(1, 2)
-        kg = flat_k[index].transpose(1, 2)
-        vg = flat_v[index].transpose(1, 2)
+        ids = blocks.reshape(-1)
+        kg = k_cache.index_select(0, ids).view(batch, -1, self.n_kv, self.head_dim)[:, :length]
+        vg = v_cache.index_select(0, ids).view(batch, -1, self.n_kv, self.head_dim)[:, :length]
+        kg, vg = kg.transpose(1, 2), vg.transpose(1, 2)
         if self.sliding and sliding_mask is not None:
             mask = sliding_mask
         o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, scale=self.scale,
@@ -243,13 +250,14 @@ class _Stack(nn.Module):
 
     def forward(self, x: torch.Tensor, cos_g: torch.Tensor, sin_g: torch.Tensor,
                 cos_l: torch.Tensor, sin_l: torch.Tensor, slot_mapping: torch.Tensor,
-                starts: List[int], batches: List[int], kv_index: List[torch.Tensor],
+                starts: List[int], batches: List[int], kv_blocks: List[torch.Tensor],
+                kv_len: List[int],
                 masks: List[Optional[torch.Tensor]], sliding_masks: List[Optional[torch.Tensor]],
                 k_caches: List[torch.Tensor], v_caches: List[torch.Tensor],
                 rows: torch.Tensor) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos_g, sin_g, cos_l, sin_l, slot_mapping, starts, batches, kv_index,
-                      masks, sliding_masks, k_caches[i], v_caches[i])
+            x = layer(x, cos_g, sin_g, cos_l, sin_l, slot_mapping, starts, batches, kv_blocks,
+                      kv_len, masks, sliding_masks, k_caches[i], v_caches[i])
         x = x[rows]
         logits = self.head(_rms_norm(x, self.norm, self.eps))
         if self.softcap > 0.0:
@@ -292,7 +300,7 @@ class ScriptedDecode:
         """A decode-only step reading the paged cache (any number of length buckets), with an
         fp32 KV cache and no study hook."""
         return (meta.attend is None and isinstance(kv_caches[0][0], torch.Tensor)
-                and all(g.q_len == 1 and g.kv_index is not None for g in meta.groups))
+                and all(g.q_len == 1 and g.kv_blocks is not None for g in meta.groups))
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                  kv_caches: list[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor
@@ -305,6 +313,7 @@ class ScriptedDecode:
         with torch.jit.optimized_execution(False):
             return self.fn(self.model.embed_tokens(input_ids), cos_g, sin_g, cos_l, sin_l,
                            meta.slot_mapping, [g.token_start for g in groups],
-                           [g.batch for g in groups], [g.kv_index for g in groups],
+                           [g.batch for g in groups], [g.kv_blocks for g in groups],
+                           [g.kv_len for g in groups],
                            [g.mask for g in groups], [g.sliding_mask for g in groups],
                            [k for k, _ in kv_caches], [v for _, v in kv_caches], rows)

@@ -153,14 +153,13 @@ def decode_step_fns(model: Any, caches: list[tuple[Any, Any]], kept: torch.Tenso
     args = (torch.tensor([0]), torch.tensor([pos]), meta, caches, torch.tensor([0]))
     q = torch.randn(1, cfg.num_heads, cfg.head_dim)
     k = torch.randn(1, cfg.num_kv_heads, cfg.head_dim)
-    flat = [(kc.view(-1, *kc.shape[2:]), vc.view(-1, *vc.shape[2:])) for kc, vc in caches]
     n = len(kept)
     z = np.random.default_rng(0).standard_normal((cfg.num_heads, n))
     mass = torch.zeros(n + 1, dtype=torch.float64)
 
     def attention() -> None:
-        for fk, fv in flat:
-            fast_attention(q, k, k, fk, fv, meta, cfg.head_dim ** -0.5, False)
+        for kc, vc in caches:
+            fast_attention(q, k, k, kc, vc, meta, cfg.head_dim ** -0.5, False)
 
     def evict() -> None:
         if policy is None or n == pos + 1:  # nothing is evicted at this ratio

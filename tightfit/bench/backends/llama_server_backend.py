@@ -151,6 +151,8 @@ class TightfitServeBackend(ServerProcessBackend):
             cmd += ["--kv-dtype", o.kv_dtype]
         if o.extra.get("compile_decode"):
             cmd += ["--compile"]
+        if not o.extra.get("scripted_decode", True):
+            cmd += ["--no-script"]
         return cmd
 
     def request_body(self, r: BenchRequest) -> dict[str, Any]:

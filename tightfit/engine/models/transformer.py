@@ -85,7 +85,8 @@ class Attention(nn.Module):
         if mode == "reference":
             o = reference_attention(q, k_cache, v_cache, meta, self.scale, self.window)
         else:
-            o = fast_attention(q, k, v, flat_k, flat_v, meta, self.scale, self.window is not None)
+            o = fast_attention(q, k, v, k_cache, v_cache, meta, self.scale,
+                               self.window is not None)
         return self.o(o.reshape(t, -1))
 
 
