@@ -137,9 +137,10 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 
 def gather_blocks(cache_blocks: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:
     """cache [num_blocks, block_size, Hkv, D], blocks [B, nb] -> [B, length, Hkv, D]: each row's
-    blocks concatenated, the first `length` slots (int8 caches dequantise what they copy)."""
+    blocks concatenated, the first `length` slots (int8 caches dequantise what they copy). Also
+    compiled into the TorchScript decode stack (engine/scripted.py)."""
     got = cache_blocks.index_select(0, blocks.reshape(-1))
-    return got.view(blocks.shape[0], -1, *got.shape[2:])[:, :length]
+    return got.view(blocks.shape[0], -1, got.shape[2], got.shape[3])[:, :length]
 
 
 def fast_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,

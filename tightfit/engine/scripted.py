@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tightfit.engine.attention import AttentionMetadata
+from tightfit.engine.attention import AttentionMetadata, gather_blocks
+from tightfit.engine.models.layers import apply_rotary, rms_norm
 
 log = logging.getLogger(__name__)
 _ATTR = "_tightfit_scripted_decode"
@@ -34,12 +35,6 @@ KIND_DENSE, KIND_INT8, KIND_INT4 = 0, 1, 2  # _Linear.kind
 
 class Unsupported(Exception):
     """The model holds a module the scripted path does not reproduce; decode stays eager."""
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # The eager RMSNorm's formula, term for term (layers.py), so results are bit-identical.
-    var = x.pow(2).mean(-1, keepdim=True)
-    return weight * (x * torch.rsqrt(var + eps))
 
 
 class _Linear(nn.Module):
@@ -147,10 +142,8 @@ class _Layer(nn.Module):
         self.qkv, self.o = _linear(a.qkv), _linear(a.o)
         self.gate_up, self.down = _linear(layer.mlp.gate_up), _linear(layer.mlp.down)
         norms = {"attn_norm": layer.attn_norm, "ffn_norm": layer.ffn_norm,
-                 "post_attn_norm": getattr(layer, "post_attn_norm", None) if layer.sandwich
-                 else None,
-                 "post_ffn_norm": getattr(layer, "post_ffn_norm", None) if layer.sandwich
-                 else None,
+                 "post_attn_norm": getattr(layer, "post_attn_norm", None),
+                 "post_ffn_norm": getattr(layer, "post_ffn_norm", None),
                  "q_norm": a.q_norm, "k_norm": a.k_norm}
         eps = {n.eps for n in norms.values() if n is not None}
         if len(eps) != 1:
@@ -166,9 +159,6 @@ class _Layer(nn.Module):
         self.sliding = a.window is not None
         self.scale = float(a.scale)
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return x * cos + x.roll(self.half, -1) * sin
-
     def forward(self, x: torch.Tensor, cos_g: torch.Tensor, sin_g: torch.Tensor,
                 cos_l: torch.Tensor, sin_l: torch.Tensor, slot_mapping: torch.Tensor,
                 starts: List[int], batches: List[int], kv_blocks: List[torch.Tensor],
@@ -178,15 +168,16 @@ class _Layer(nn.Module):
         t = x.shape[0]
         H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
         cos, sin = (cos_l, sin_l) if self.local_rope else (cos_g, sin_g)
-        qkv = self.qkv(_rms_norm(x, self.attn_norm, self.eps))
+        qkv = self.qkv(rms_norm(x, self.attn_norm, self.eps))
         nq, nk = H * D, Hkv * D
         q_norm, k_norm = self.q_norm, self.k_norm
         if q_norm is not None and k_norm is not None:
-            q = self._rotate(_rms_norm(qkv[:, :nq].view(t, H, D), q_norm, self.eps), cos, sin)
-            k = self._rotate(_rms_norm(qkv[:, nq:nq + nk].view(t, Hkv, D), k_norm, self.eps),
-                             cos, sin)
+            q = apply_rotary(rms_norm(qkv[:, :nq].view(t, H, D), q_norm, self.eps), cos, sin,
+                             self.half)
+            k = apply_rotary(rms_norm(qkv[:, nq:nq + nk].view(t, Hkv, D), k_norm, self.eps),
+                             cos, sin, self.half)
         else:  # q and k are adjacent in qkv: rotate both in one call
-            qk = self._rotate(qkv[:, :nq + nk].view(t, H + Hkv, D), cos, sin)
+            qk = apply_rotary(qkv[:, :nq + nk].view(t, H + Hkv, D), cos, sin, self.half)
             q, k = qk[:, :H], qk[:, H:]
         v = qkv[:, nq + nk:].reshape(t, Hkv, D)
         flat_k = k_cache.view(-1, Hkv, D)
@@ -206,27 +197,24 @@ class _Layer(nn.Module):
         h = self.o(o)
         post_attn = self.post_attn_norm
         if post_attn is not None:
-            h = _rms_norm(h, post_attn, self.eps)
+            h = rms_norm(h, post_attn, self.eps)
         x = x + h
-        gu = self.gate_up(_rms_norm(x, self.ffn_norm, self.eps))
+        gu = self.gate_up(rms_norm(x, self.ffn_norm, self.eps))
         gate, up = gu[:, :self.inter], gu[:, self.inter:]
         act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         h = self.down(act * up)
         post_ffn = self.post_ffn_norm
         if post_ffn is not None:
-            h = _rms_norm(h, post_ffn, self.eps)
+            h = rms_norm(h, post_ffn, self.eps)
         return x + h
 
     def _attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 blocks: torch.Tensor, length: int, mask: Optional[torch.Tensor],
                 sliding_mask: Optional[torch.Tensor], batch: int) -> torch.Tensor:
-        """q [B, H, D] (one query each) -> [B, H, D], as attention.fast_attention's decode case
-        (attention.gather_blocks inlined)."""
+        """q [B, H, D] (one query each) -> [B, H, D], as attention.fast_attention's decode case."""
         qg = q.view(batch, 1, self.n_heads, self.head_dim).transpose(1, 2)
-        ids = blocks.reshape(-1)
-        kg = k_cache.index_select(0, ids).view(batch, -1, self.n_kv, self.head_dim)[:, :length]
-        vg = v_cache.index_select(0, ids).view(batch, -1, self.n_kv, self.head_dim)[:, :length]
-        kg, vg = kg.transpose(1, 2), vg.transpose(1, 2)
+        kg = gather_blocks(k_cache, blocks, length).transpose(1, 2)
+        vg = gather_blocks(v_cache, blocks, length).transpose(1, 2)
         if self.sliding and sliding_mask is not None:
             mask = sliding_mask
         o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, scale=self.scale,
@@ -259,7 +247,7 @@ class _Stack(nn.Module):
             x = layer(x, cos_g, sin_g, cos_l, sin_l, slot_mapping, starts, batches, kv_blocks,
                       kv_len, masks, sliding_masks, k_caches[i], v_caches[i])
         x = x[rows]
-        logits = self.head(_rms_norm(x, self.norm, self.eps))
+        logits = self.head(rms_norm(x, self.norm, self.eps))
         if self.softcap > 0.0:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

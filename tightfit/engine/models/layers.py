@@ -10,6 +10,19 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x * rsqrt(mean(x^2) + eps) * weight (also compiled into the TorchScript decode stack,
+    engine/scripted.py, so both paths compute it term for term alike)."""
+    var = x.pow(2).mean(-1, keepdim=True)
+    return weight * (x * torch.rsqrt(var + eps))
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
+                 half: int) -> torch.Tensor:
+    """Rotate-half RoPE with the signed sine table (see Rotary); shared with scripted.py."""
+    return x * cos + x.roll(half, -1) * sin_signed
+
+
 class RMSNorm(nn.Module):
     """x * rsqrt(mean(x^2) + eps) * weight. Gemma's (1 + w) is folded into `weight` at load."""
 
@@ -19,8 +32,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        var = x.pow(2).mean(-1, keepdim=True)
-        return self.weight * (x * torch.rsqrt(var + self.eps))
+        return rms_norm(x, self.weight, self.eps)
 
 
 INITIAL_ROPE_ROWS = 4096
@@ -76,7 +88,7 @@ class Rotary(nn.Module):
                 cache: dict[float, tuple[torch.Tensor, ...]] | None = None) -> torch.Tensor:
         """x [T, H, D], positions [T]."""
         cos, sin = self.tables(positions, cache)
-        return x * cos + x.roll(self.half, -1) * sin
+        return apply_rotary(x, cos, sin, self.half)
 
 
 class GatedMLP(nn.Module):
