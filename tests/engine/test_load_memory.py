@@ -57,17 +57,9 @@ def test_load_temporaries_leave_the_resident_set():
 
 
 def _tensor_bytes(model: torch.nn.Module) -> int:
-    seen: set[int] = set()
-    total = 0
-    tensors = [t for n, t in list(model.named_parameters()) + list(model.named_buffers())
-               if not n.endswith(("cos", "sin_signed"))]
-    tensors += [v for m in model.modules() for v in vars(m).values() if isinstance(v, torch.Tensor)]
-    for t in tensors:
-        st = t.untyped_storage()
-        if st.data_ptr() not in seen:
-            seen.add(st.data_ptr())
-            total += st.nbytes()
-    return total
+    from tightfit.engine.quant.linear import held_bytes
+
+    return held_bytes(model, skip_suffixes=("cos", "sin_signed"))
 
 
 def test_weight_bytes_predicted_from_the_header_bound_what_loading_holds():

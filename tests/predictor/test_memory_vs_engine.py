@@ -11,24 +11,11 @@ from tightfit.predictor.scenario import parse_row
 
 
 def _held_bytes(model: torch.nn.Module) -> int:
-    """Bytes of every distinct tensor storage the model keeps (rotary tables excluded: they are
-    sized by the context, not the weights)."""
-    seen: set[int] = set()
-    total = 0
-    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-        if name.endswith(("cos", "sin_signed")):
-            continue
-        for tensor in [t] + [v for v in vars(t).values() if isinstance(v, torch.Tensor)]:
-            st = tensor.untyped_storage()
-            if st.data_ptr() not in seen:
-                seen.add(st.data_ptr())
-                total += st.nbytes()
-    for module in model.modules():  # packed weights some linear kinds keep as plain attributes
-        for v in vars(module).values():
-            if isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() not in seen:
-                seen.add(v.untyped_storage().data_ptr())
-                total += v.untyped_storage().nbytes()
-    return total
+    """Bytes of weights the model keeps (rotary tables excluded: they are sized by the context,
+    not the weights), fbgemm-packed int8 weights included."""
+    from tightfit.engine.quant.linear import held_bytes
+
+    return held_bytes(model, skip_suffixes=("cos", "sin_signed"))
 
 
 @pytest.mark.parametrize("engine_quant,predictor_quant", [

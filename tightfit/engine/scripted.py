@@ -27,6 +27,7 @@ from torch import nn
 
 from tightfit.engine.attention import AttentionMetadata, gather_blocks
 from tightfit.engine.models.layers import apply_rotary, rms_norm
+from tightfit.engine.quant.linear import int8x2_linear
 
 log = logging.getLogger(__name__)
 _ATTR = "_tightfit_scripted_decode"
@@ -57,9 +58,11 @@ class _Linear(nn.Module):
             kind, weight, scales = KIND_DENSE, src.weight.detach(), torch.empty(0)
             out_f = out_padded = int(src.weight.shape[0])
         elif isinstance(src, Int8Linear):
+            if src.packed is not None:
+                raise Unsupported("Int8Linear under int8x2: see _Int8x2")
             kind, weight, scales = KIND_INT8, src.weight_int8, src.scales
             out_f = out_padded = src.out_features
-            inv = src.input_scale_inv
+            inv, pad_k = src.input_scale_inv, src.pad_k
         elif isinstance(src, Int4Linear):
             kind, weight, scales = KIND_INT4, src.weight_packed, src.scales_and_zeros
             out_f, out_padded = src.out_features, src.out_padded
@@ -83,17 +86,42 @@ class _Linear(nn.Module):
             x = x * inv
         scales = self.scales
         x2 = x.to(scales.dtype)
-        if self.kind == 1:  # KIND_INT8
-            y = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.weight, scales)
+        if self.pad_k > 0:
+            x2 = F.pad(x2, [0, self.pad_k])
         else:
-            if self.pad_k > 0:
-                x2 = F.pad(x2, [0, self.pad_k])
-            else:
-                x2 = x2.contiguous()
+            x2 = x2.contiguous()
+        if self.kind == 1:  # KIND_INT8
+            y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, scales)
+        else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.weight, self.group, scales)
             if self.out_padded != self.out_features:
                 y = y[:, :self.out_features]
         y = y.to(x.dtype)
+        bias = self.bias
+        if bias is not None:
+            y = y + bias
+        return y
+
+
+class _Int8x2(nn.Module):
+    """Int8Linear under compute="int8x2": fbgemm's packed weight, `int8x2_linear`."""
+
+    levels: Final[float]
+    out_features: Final[int]
+
+    def __init__(self, src: nn.Module) -> None:
+        super().__init__()
+        self.packed = src.packed
+        self.levels = float(src.levels)
+        self.out_features = int(src.out_features)
+        self.bias = src.bias.detach() if src.bias is not None else None
+        self.input_scale_inv = src.input_scale_inv
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inv = self.input_scale_inv
+        if inv is not None:
+            x = x * inv
+        y = int8x2_linear(x.contiguous(), self.packed, self.levels)
         bias = self.bias
         if bias is not None:
             y = y + bias
@@ -115,10 +143,13 @@ class _Split(nn.Module):
 
 
 def _linear(src: nn.Module) -> nn.Module:
+    from tightfit.engine.quant.linear import Int8Linear
     from tightfit.engine.quant.plan import SplitLinear
 
     if isinstance(src, SplitLinear):
         return _Split([_linear(p) for p in src.parts])
+    if isinstance(src, Int8Linear) and src.packed is not None:
+        return _Int8x2(src)
     return _Linear(src)
 
 

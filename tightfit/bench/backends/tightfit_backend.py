@@ -115,14 +115,9 @@ class TightfitBackend(Backend):
         return int(self.llm.config.cache.kv_cache_bytes)
 
     def weight_bytes(self) -> int | None:
-        model = self.llm.loaded.model
-        seen: set[int] = set()
-        total = 0
-        for t in [*model.parameters(), *model.buffers()]:
-            if t.data_ptr() not in seen:
-                seen.add(t.data_ptr())
-                total += t.numel() * t.element_size()
-        return total
+        from tightfit.engine.quant.linear import held_bytes
+
+        return held_bytes(self.llm.loaded.model)
 
     def run_config(self) -> dict[str, Any]:
         o = self.options
@@ -154,7 +149,8 @@ def _check_quant_applied(quant: str, model: Any) -> None:
     import torch
 
     big = [t for t in [*model.parameters(), *model.buffers()] if t.numel() >= 100_000]
-    if big and all(t.dtype in (torch.float32, torch.float64) for t in big):
+    packed = any(getattr(m, "packed", None) is not None for m in model.modules())  # int8x2
+    if big and not packed and all(t.dtype in (torch.float32, torch.float64) for t in big):
         raise TightfitError(
             f"LLM(quant={quant!r}) left every weight in fp32: this tightfit does not apply "
             f"weight format {quant!r} yet; sweep fp32 only (or update tightfit)")

@@ -112,7 +112,7 @@ def _export_module(module: nn.Module, names: list[str], key: str,
         tensors[f"{key}.zeros"] = module.zeros.to(sz_dtype)
     elif isinstance(module, Int8Linear):
         spec.update(kind="int8", compute=module.compute)
-        tensors[f"{key}.q"] = module.weight_int8
+        tensors[f"{key}.q"] = module.codes()
         tensors[f"{key}.scales"] = module.scales
     elif isinstance(getattr(module, "weight", None), torch.Tensor):  # nn.Linear, DenseLinear
         spec["kind"] = "fp32"
@@ -332,8 +332,10 @@ def _import_module(spec: dict[str, Any], key: str, tensors: dict[str, torch.Tens
                          group_size=int(spec["group_size"]), in_features=int(spec["in_features"]))
         module: nn.Module = Int4Linear.from_weights(qw, bias, scale, compute=spec["compute"])
     elif kind == "int8":
+        # the kernel is this machine's choice (int8x2 where fbgemm runs), not the file's: the
+        # stored codes and scales are the same for every int8 kernel
         module = Int8Linear(_tensor(tensors, f"{key}.q"), _tensor(tensors, f"{key}.scales").float(),
-                            bias, scale, compute=spec["compute"])
+                            bias, scale)
     elif kind == "fp32":
         return fp32_linear(_tensor(tensors, f"{key}.weight"), bias)
     else:

@@ -12,7 +12,7 @@ from torch import nn
 
 from tightfit.engine.quant.formats import FP32, INT8, WeightFormat
 from tightfit.engine.quant.linear import (
-    DEFAULT_COMPUTE, Compute, Int4Linear, Int8Linear, fp32_linear)
+    Compute, Int4Linear, Int8Linear, fp32_linear)
 from tightfit.engine.quant.reference import INT4_MID, Int4Weights
 from tightfit.errors import ModelFileError, UnsupportedModelError
 
@@ -55,7 +55,7 @@ def native_weight_format(qtype: Any) -> WeightFormat:
 
 def linear_from_gguf(raw: np.ndarray, qtype: Any, shape: tuple[int, int],
                      bias: torch.Tensor | None = None, row_perm: torch.Tensor | None = None,
-                     *, name: str = "", compute: Compute = DEFAULT_COMPUTE) -> nn.Module:
+                     *, name: str = "", compute: Compute | None = None) -> nn.Module:
     """The `native` policy for one stored projection (see `native_weight_format`).
 
     raw: the tensor's data as the gguf reader yields it; shape: logical (out, in); row_perm: an
@@ -78,7 +78,7 @@ def linear_from_gguf(raw: np.ndarray, qtype: Any, shape: tuple[int, int],
 def int4_linear_from_gguf_q4(raw_blocks: np.ndarray, qtype: Any, shape: tuple[int, int],
                              bias: torch.Tensor | None = None,
                              row_perm: torch.Tensor | None = None, *, name: str = "",
-                             compute: Compute = DEFAULT_COMPUTE) -> Int4Linear:
+                             compute: Compute | None = None) -> Int4Linear:
     """An Int4Linear (group 32) holding the GGUF tensor's codes unchanged.
 
     Q4_0 (d * (q - 8)): scale d, zero 0. Q4_1 (d * q + m): scale d, zero m + 8d. Q4_K

@@ -46,8 +46,9 @@ def time_call(fn: Callable[[], object], min_time: float, repeats: int = 5) -> fl
 
 
 def module_nbytes(module: torch.nn.Module) -> int:
-    tensors = itertools.chain(module.parameters(), module.buffers())
-    return sum(t.numel() * t.element_size() for t in tensors)
+    from tightfit.engine.quant.linear import held_bytes
+
+    return held_bytes(module)
 
 
 def _copies(module: torch.nn.Module, working_set: int) -> list[torch.nn.Module]:
