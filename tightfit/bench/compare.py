@@ -118,7 +118,11 @@ def compare_tasks(model: str | None, threads: int, quick: bool,
                   backends: tuple[str, ...] | None = None, suite: Suite = HF_SUITE,
                   compile_decode: bool = False, scripted_decode: bool = True) -> list[Task]:
     gen = 16 if quick else 64
-    out = {"decode": Overrides(output_tokens=gen), "ttft": Overrides(), "prefill": Overrides(),
+    # decode as llama-bench's tg128 -r 3: three 128-token generations one after another, the
+    # rate pooled over them (one 64-token request moved +-15% between runs on this VM)
+    decode = Overrides(output_tokens=16) if quick else Overrides(output_tokens=128,
+                                                                   num_requests=3)
+    out = {"decode": decode, "ttft": Overrides(), "prefill": Overrides(),
            "concurrent-16": Overrides(output_tokens=gen)}
     # llama-bench is a program the CLI runs after the backends, not a backend
     chosen = [b for b in (backends if backends is not None else suite.plan) if b != LLAMA_BENCH]
