@@ -108,10 +108,11 @@ class _Int8x2(nn.Module):
 
     levels: Final[float]
     out_features: Final[int]
+    packed: List[torch.classes.quantized.LinearPackedParamsBase]
 
     def __init__(self, src: nn.Module) -> None:
         super().__init__()
-        self.packed = src.packed
+        self.packed = list(src.packed)
         self.levels = float(src.levels)
         self.out_features = int(src.out_features)
         self.bias = src.bias.detach() if src.bias is not None else None

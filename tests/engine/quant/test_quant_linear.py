@@ -116,6 +116,22 @@ def test_int8x2_keeps_only_the_packed_weight_and_exports_the_same_codes() -> Non
     assert torch.equal(Int8Linear(mod.codes(), mod.scales, compute="int8x2")(w[:3]), mod(w[:3]))
 
 
+@int8x2
+def test_int8x2_in_row_blocks_and_many_input_rows_gives_the_same_numbers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights packed in several output-row blocks (as big heads are, to bound the load peak)
+    and inputs of more rows than one call takes compute exactly what one block / one call
+    does."""
+    w, x = _rand(9000, 64, scale=0.05), _rand(300, 64, seed=2)
+    whole = Int8Linear.from_float(w, compute="int8x2")
+    monkeypatch.setattr(linear_mod, "PACK_BLOCK_BYTES", 4096 * 66)  # 4096 rows a block
+    blocks = Int8Linear.from_float(w, compute="int8x2")
+    assert len(whole.packed) == 1 and len(blocks.packed) == 3
+    assert torch.equal(blocks.codes(), whole.codes())
+    assert torch.equal(blocks(x), whole(x))
+    assert torch.equal(whole(x), torch.cat([whole(x[:150]), whole(x[150:])]))  # 300 = 256 + 44
+
+
 def test_int8_falls_back_to_bf16_without_fbgemm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(linear_mod, "int8x2_supported", lambda: False)
     w, x = _rand(64, 200, scale=0.05), _rand(3, 200, seed=2)

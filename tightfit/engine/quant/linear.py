@@ -18,7 +18,7 @@ import functools
 import logging
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, List, Literal
 
 import torch
 import torch.nn.functional as F
@@ -127,41 +127,61 @@ def _levels() -> float:
     return 127.0 if _reduce_range() else 255.0
 
 
-def _pack_int8x2(q: torch.Tensor, scales: torch.Tensor) -> Any:
+# fbgemm packs from a whole quantized tensor, so a weight exists twice while it is packed: weights
+# are packed in row blocks of at most this many bytes (Gemma 3's 262k-row int8 head: 168 MB, six
+# blocks; one block alone put +165 MiB on its load peak). Each block is one more GEMM call a step.
+PACK_BLOCK_BYTES = 32 << 20
+
+
+def _pack_int8x2(q: torch.Tensor, scales: torch.Tensor) -> list[Any]:
     """fbgemm's packed form of int8 [out, in] per-channel weights (see `_pack_int8x2_rows`)."""
     return _pack_int8x2_rows(lambda a, b: (q[a:b], scales[a:b]), tuple(q.shape))
 
 
+def _pack_block_rows(in_features: int) -> int:
+    rows = max(1, PACK_BLOCK_BYTES // (in_features + 2))
+    return max(_ROW_CHUNK, rows // _ROW_CHUNK * _ROW_CHUNK)
+
+
 def _pack_int8x2_rows(rows: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]],
-                      shape: tuple[int, int]) -> Any:
-    """Packs int8 codes and per-row scales produced a row chunk at a time by `rows(a, b)`, plus
-    two all-zero input columns for the +1 / -1 anchors of `int8x2_linear`.
+                      shape: tuple[int, int]) -> list[Any]:
+    """Packs int8 codes and per-row scales produced a row chunk at a time by `rows(a, b)` into
+    fbgemm's layout, in output-row blocks of <= PACK_BLOCK_BYTES, each with two all-zero input
+    columns for the +1 / -1 anchors of `int8x2_linear`.
 
-    The codes are written straight into the storage of the quantized tensor fbgemm packs from
-    (no whole-weight copy besides it), and only fbgemm's packed copy is kept: load peak = 2x the
-    int8 weight, steady state = 1x. `Int8Linear.codes` unpacks them again."""
+    The codes are written straight into the storage of the quantized tensor fbgemm packs from,
+    and only fbgemm's packed copy is kept: load transient = one block, steady state = 1x the
+    int8 weight. `Int8Linear.codes` unpacks them again."""
     out_f, in_f = shape
-    scales64 = torch.zeros(out_f, dtype=torch.float64)
-    with warnings.catch_warnings():  # quantized tensors are deprecated upstream; torch is pinned
-        warnings.simplefilter("ignore")
-        qw = torch._empty_per_channel_affine_quantized(
-            (out_f, in_f + 2), scales=scales64, zero_points=torch.zeros(out_f, dtype=torch.long),
-            axis=0, dtype=torch.qint8)
-        # an int8 view of the same bytes; the quantizer holds `scales64` itself (no copy)
-        codes = torch.empty(0, dtype=torch.int8).set_(qw.untyped_storage(), qw.storage_offset(),
-                                                      (out_f, in_f + 2), (in_f + 2, 1))
-        codes[:, in_f:] = 0
-        for a, b in _row_chunks(out_f):
-            q, sc = rows(a, b)
-            codes[a:b, :in_f] = q
-            scales64[a:b] = sc
-        return torch.ops.quantized.linear_prepack(qw, None)
+    step = _pack_block_rows(in_f)
+    blocks = []
+    for lo in range(0, out_f, step):
+        hi = min(lo + step, out_f)
+        n = hi - lo
+        scales64 = torch.zeros(n, dtype=torch.float64)
+        with warnings.catch_warnings():  # quantized tensors are deprecated upstream; torch pinned
+            warnings.simplefilter("ignore")
+            qw = torch._empty_per_channel_affine_quantized(
+                (n, in_f + 2), scales=scales64, zero_points=torch.zeros(n, dtype=torch.long),
+                axis=0, dtype=torch.qint8)
+            # an int8 view of the same bytes; the quantizer holds `scales64` itself (no copy)
+            codes = torch.empty(0, dtype=torch.int8).set_(
+                qw.untyped_storage(), qw.storage_offset(), (n, in_f + 2), (in_f + 2, 1))
+            codes[:, in_f:] = 0
+            for a in range(lo, hi, _ROW_CHUNK):
+                b = min(a + _ROW_CHUNK, hi)
+                q, sc = rows(a, b)
+                codes[a - lo:b - lo, :in_f] = q
+                scales64[a - lo:b - lo] = sc
+            blocks.append(torch.ops.quantized.linear_prepack(qw, None))
+        del qw, codes
+    return blocks
 
 
-def int8x2_linear(x: torch.Tensor, packed: torch.classes.quantized.LinearPackedParamsBase,
-                  levels: float) -> torch.Tensor:
-    """x [M, in] fp32 @ W.T for fbgemm-packed int8 W (`_pack_int8x2`), as two int8 GEMM rows per
-    input row, in one call:
+def int8x2_linear(x: torch.Tensor, packed: List[torch.classes.quantized.LinearPackedParamsBase],
+                  levels: float, row_block: int = 256) -> torch.Tensor:
+    """x [M, in] fp32 @ W.T for fbgemm-packed int8 W (`_pack_int8x2_rows`: output-row blocks),
+    as two int8 GEMM rows per input row:
 
     * each row is divided by its max |x| (a), so it lies in [-1, 1];
     * hi = that row rounded to fbgemm's grid (steps of 2/levels), lo = what rounding lost,
@@ -172,8 +192,22 @@ def int8x2_linear(x: torch.Tensor, packed: torch.classes.quantized.LinearPackedP
     * y = a * (W hi) + a * b * (W lo).
 
     Activations keep ~15 significant bits (bf16 keeps 8), the weights their int8 codes, int32
-    accumulation inside. TorchScript compiles this function as it is (engine/scripted.py).
+    accumulation inside. Inputs of more than `row_block` rows go through in blocks of rows (the
+    same numbers: rows are independent): two int8 rows and an fp32 output row per input row
+    would otherwise double the transient of a long prefill (1536 x 3072 outputs: 38 MB, not 19). TorchScript compiles this function as it is
+    (engine/scripted.py).
     """
+    m = x.size(0)
+    if m <= row_block:
+        return _int8x2_rows(x, packed, levels)
+    outs: List[torch.Tensor] = []
+    for r in range(0, m, row_block):
+        outs.append(_int8x2_rows(x[r:r + row_block], packed, levels))
+    return torch.cat(outs)
+
+
+def _int8x2_rows(x: torch.Tensor, packed: List[torch.classes.quantized.LinearPackedParamsBase],
+                 levels: float) -> torch.Tensor:
     m, k = x.size(0), x.size(1)
     half = levels / 2.0
     top = float(int(half))  # the largest code both fbgemm zero points (127.5 -> 127 or 128) hold
@@ -189,7 +223,14 @@ def int8x2_linear(x: torch.Tensor, packed: torch.classes.quantized.LinearPackedP
     z[m:, :k] = lo / b
     z[:, k] = 1.0
     z[:, k + 1] = -1.0
-    y = torch.ops.quantized.linear_dynamic(z, packed, levels < 200.0)
+    reduce_range = levels < 200.0
+    if len(packed) == 1:
+        y = torch.ops.quantized.linear_dynamic(z, packed[0], reduce_range)
+    else:
+        ys: List[torch.Tensor] = []
+        for p in packed:
+            ys.append(torch.ops.quantized.linear_dynamic(z, p, reduce_range))
+        y = torch.cat(ys, dim=1)
     return torch.addcmul(y[:m] * a, y[m:], a * b)
 
 
@@ -272,7 +313,8 @@ class Int8Linear(_PackedLinear):
 
     def __init__(self, q: torch.Tensor | None, scales: torch.Tensor,
                  bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None, *,
-                 compute: Compute | None = None, packed: tuple[Any, tuple[int, int]] | None = None
+                 compute: Compute | None = None,
+                 packed: tuple[list[Any], tuple[int, int]] | None = None
                  ) -> None:
         """q: int8 [out, in]; scales: [out] (stored in the compute dtype). If `input_scale` s is
         given, q/scales encode W * s and the input is divided by s per call (so the module still
@@ -284,6 +326,8 @@ class Int8Linear(_PackedLinear):
                                 f"{None if q is None else (q.dtype, tuple(q.shape))}")
         if compute is None or (compute == INT8X2 and not int8x2_supported()):
             compute = default_int8_compute()
+        if packed is not None and compute != INT8X2:
+            raise TightfitError(f"a packed int8 weight needs compute 'int8x2', got {compute!r}")
         out_f, in_f = packed[1] if packed is not None else q.shape  # type: ignore[union-attr]
         super().__init__(in_f, out_f, bias, _inverse_scale(input_scale, in_f), compute)
         scales = _optional_buffer(scales, out_f, "scales")
@@ -343,8 +387,8 @@ class Int8Linear(_PackedLinear):
         """The int8 codes [out, in] (unpacked from fbgemm's layout under int8x2: export only)."""
         if self.weight_int8 is not None:
             return self.weight_int8[:, :self.in_features].contiguous()
-        qw, _ = torch.ops.quantized.linear_unpack(self.packed)
-        return qw.int_repr()[:, :self.in_features].contiguous()
+        return torch.cat([torch.ops.quantized.linear_unpack(p)[0].int_repr()[:, :self.in_features]
+                          for p in self.packed])
 
     @property
     def packed_nbytes(self) -> int:
