@@ -57,9 +57,7 @@ class _Linear(nn.Module):
         if isinstance(src, (DenseLinear, nn.Linear)):
             kind, weight, scales = KIND_DENSE, src.weight.detach(), torch.empty(0)
             out_f = out_padded = int(src.weight.shape[0])
-        elif isinstance(src, Int8Linear):
-            if src.packed is not None:
-                raise Unsupported("Int8Linear under int8x2: see _Int8x2")
+        elif isinstance(src, Int8Linear):  # bf16 / fp32 kernel (int8x2: _Int8x2)
             kind, weight, scales = KIND_INT8, src.weight_int8, src.scales
             out_f = out_padded = src.out_features
             inv, pad_k = src.input_scale_inv, src.pad_k

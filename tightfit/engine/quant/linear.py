@@ -109,6 +109,14 @@ def default_int8_compute() -> Compute:
     return INT8X2 if int8x2_supported() else DEFAULT_COMPUTE
 
 
+def _int8_compute(compute: Compute | None) -> Compute:
+    """The kernel an Int8Linear runs: `compute`, or this machine's default when None or when
+    int8x2 is asked for where fbgemm is missing."""
+    if compute is None or (compute == INT8X2 and not int8x2_supported()):
+        return default_int8_compute()
+    return compute
+
+
 @functools.lru_cache(maxsize=1)
 def _reduce_range() -> bool:
     """fbgemm's u8 x s8 kernels without VNNI sum byte pairs into int16, which can saturate with
@@ -156,8 +164,7 @@ def _pack_int8x2_rows(rows: Callable[[int, int], tuple[torch.Tensor, torch.Tenso
     step = _pack_block_rows(in_f)
     blocks = []
     for lo in range(0, out_f, step):
-        hi = min(lo + step, out_f)
-        n = hi - lo
+        n = min(step, out_f - lo)
         scales64 = torch.zeros(n, dtype=torch.float64)
         with warnings.catch_warnings():  # quantized tensors are deprecated upstream; torch pinned
             warnings.simplefilter("ignore")
@@ -168,11 +175,8 @@ def _pack_int8x2_rows(rows: Callable[[int, int], tuple[torch.Tensor, torch.Tenso
             codes = torch.empty(0, dtype=torch.int8).set_(
                 qw.untyped_storage(), qw.storage_offset(), (n, in_f + 2), (in_f + 2, 1))
             codes[:, in_f:] = 0
-            for a in range(lo, hi, _ROW_CHUNK):
-                b = min(a + _ROW_CHUNK, hi)
-                q, sc = rows(a, b)
-                codes[a - lo:b - lo, :in_f] = q
-                scales64[a - lo:b - lo] = sc
+            for a, b in _row_chunks(n):
+                codes[a:b, :in_f], scales64[a:b] = rows(lo + a, lo + b)
             blocks.append(torch.ops.quantized.linear_prepack(qw, None))
         del qw, codes
     return blocks
@@ -324,8 +328,7 @@ class Int8Linear(_PackedLinear):
         if packed is None and (q is None or q.dtype != torch.int8 or q.dim() != 2):
             raise TightfitError(f"Int8Linear needs an int8 [out, in] tensor, got "
                                 f"{None if q is None else (q.dtype, tuple(q.shape))}")
-        if compute is None or (compute == INT8X2 and not int8x2_supported()):
-            compute = default_int8_compute()
+        compute = _int8_compute(compute)
         if packed is not None and compute != INT8X2:
             raise TightfitError(f"a packed int8 weight needs compute 'int8x2', got {compute!r}")
         out_f, in_f = packed[1] if packed is not None else q.shape  # type: ignore[union-attr]
@@ -369,7 +372,7 @@ class Int8Linear(_PackedLinear):
         """As from_float, with the fp32 weight produced a row chunk at a time by `rows(a, b)`
         (already scaled by input_scale): a weight dequantised from a file never exists whole."""
         scales = torch.empty(shape[0])
-        if (compute or default_int8_compute()) == INT8X2 and int8x2_supported():
+        if _int8_compute(compute) == INT8X2:
             def part(a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
                 p = quantize_int8(rows(a, b))
                 scales[a:b] = p.scales
