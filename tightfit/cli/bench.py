@@ -50,6 +50,9 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-script", dest="scripted", action="store_false",
                    help="tightfit backends run decode steps eagerly instead of through the "
                         "TorchScript decode stack (to compare the two)")
+    p.add_argument("--no-fused", dest="fused", action="store_false",
+                   help="tightfit backends run the TorchScript decode stack without the fused "
+                        "C++ decode kernels (to compare the two)")
     p.add_argument("--backends", default=None,
                    help="comma-separated subset of the suite's backends (default: all of them)")
     _store_args(p)
@@ -82,7 +85,8 @@ def run_compare(args: argparse.Namespace) -> int:
     backends = (tuple(b.strip() for b in args.backends.split(",") if b.strip())
                 if args.backends else None)
     tasks = compare.compare_tasks(args.model, args.threads, args.quick, backends, suite,
-                                  compile_decode=args.compile, scripted_decode=args.scripted)
+                                  compile_decode=args.compile, scripted_decode=args.scripted,
+                                  fused_kernels=args.fused)
     rows = session.execute(tasks, _store(args, "compare"), "tightfit bench",
                            args.refresh_fingerprint)
     comp = compare.collect(rows, args.model or "default", args.threads, suite)

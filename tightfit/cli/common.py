@@ -37,6 +37,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-script", dest="scripted", action="store_false",
                    help="run decode steps through eager PyTorch modules instead of the "
                         "TorchScript decode stack (same results, slower; for debugging)")
+    g.add_argument("--no-fused", dest="fused", action="store_false",
+                   help="run the TorchScript decode stack on ATen ops only, without tightfit's "
+                        "fused C++ decode kernels (same results to float rounding, slower)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
@@ -86,7 +89,8 @@ def build_llm(args: argparse.Namespace, **extra: Any) -> Any:
                kv_dtype=getattr(args, "kv_dtype", "fp32"),
                memory_budget=getattr(args, "memory_budget", None),
                compile_decode=getattr(args, "compile", False),
-               scripted_decode=getattr(args, "scripted", True), **extra)
+               scripted_decode=getattr(args, "scripted", True),
+               fused_kernels=getattr(args, "fused", True), **extra)
 
 
 def sampling_from_args(args: argparse.Namespace) -> Any:

@@ -66,7 +66,8 @@ class LLMEngine:
             model.ensure_positions(self.max_model_len)
         self.pool = BlockPool(blocks, cache.block_size, cache.enable_prefix_caching)
         self.runner = ModelRunner(model, config.model, cache, blocks, config.attention,
-                                  config.compile_decode, config.scripted_decode)
+                                  config.compile_decode, config.scripted_decode,
+                                  config.fused_kernels)
         # Swap copies plain fp32 cache tensors; int8 KV preempts by recompute only.
         swap_slots = cache.swap_bytes // self.runner.block_bytes if cache.swap_bytes else 0
         memory = MemoryPool(self.pool, make_tiers(cache.tiers, self.max_model_len), swap_slots)

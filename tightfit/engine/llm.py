@@ -36,7 +36,8 @@ class LLM:
                  swap_bytes: int | str = "256MiB",
                  tiers: tuple[tuple[str, int, float], ...] | None = None,
                  idle_ttl_s: float | None = 600.0, preemption_mode: str = "auto",
-                 compile_decode: bool = False, scripted_decode: bool = True) -> None:
+                 compile_decode: bool = False, scripted_decode: bool = True,
+                 fused_kernels: bool = True) -> None:
         if attention not in ("fast", "reference"):
             raise TightfitError(f"attention must be 'fast' or 'reference', got {attention!r}")
         if kv_dtype not in KV_DTYPES:  # checked before the (slow) model load
@@ -66,7 +67,8 @@ class LLM:
                             idle_ttl_s=idle_ttl_s)
         cfg = EngineConfig(model=loaded.config, cache=cache, scheduler=sched,
                            attention=attention, num_threads=self.num_threads,
-                           compile_decode=compile_decode, scripted_decode=scripted_decode)
+                           compile_decode=compile_decode, scripted_decode=scripted_decode,
+                           fused_kernels=fused_kernels)
         self.engine = LLMEngine(loaded.model, loaded.tokenizer, cfg)
 
     def derive(self, *, attention: str | None = None, **fields: Any) -> "LLM":

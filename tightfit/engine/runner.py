@@ -37,7 +37,7 @@ def num_kv_blocks(model: ModelConfig, cache: CacheConfig, dtype_bytes: int | Non
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, cfg: ModelConfig, cache: CacheConfig,
                  num_blocks: int, attention: str = "fast", compile_decode: bool = False,
-                 scripted_decode: bool = True) -> None:
+                 scripted_decode: bool = True, fused_kernels: bool = True) -> None:
         self.model = model
         self.cfg = cfg
         self.block_size = cache.block_size
@@ -64,7 +64,7 @@ class ModelRunner:
         self.scripted: ScriptedDecode | None = None
         if (scripted_decode and self.compiled is None and attention == "fast"
                 and kv_dtype == "fp32" and isinstance(model, DecoderModel)):
-            self.scripted = ScriptedDecode.for_model(model)
+            self.scripted = ScriptedDecode.for_model(model, fused=fused_kernels)
         self.scripted_steps = 0
 
     def _slots(self, block_table: list[int], start: int, end: int) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Decode steps through TorchScript: the layers, final norm and output head of a decode-only step
-run as one scripted module, so the ~100 small ops of each layer (norms, rotary, views, casts,
-KV write and gather) are dispatched by TorchScript's C++ interpreter instead of Python.
+run as one scripted module, so the small ops of each layer are dispatched by TorchScript's C++
+interpreter instead of Python.
 
 Why: with 4-bit weights, single-stream decode of the default model spends more time outside the
 matmuls than in them (docs/performance.md). Scripting costs about a second at engine start and
@@ -8,18 +8,26 @@ no memory beyond the interpreter (the scripted modules hold the model's own tens
 `torch.compile` (minutes of compile, ~270 MiB). It is the default (`LLM(scripted_decode=True)`;
 `--no-script` turns it off).
 
-Same arithmetic as the eager modules, op for op (same kernels, same order: outputs are
-bit-identical; tests/engine/test_scripted.py). Rotary is applied to q and k in one call when the
-model has no QK-norm (elementwise, so identical). Only decode-only steps with fast attention and
-an fp32 KV cache take this path, and only for models built from the layer types below (fp32,
-int8 and int4 linears, fused or side by side); anything else runs eagerly.
+Two stacks:
+* the fused stack (`_FStack`, default where engine/kernels builds): per layer the four
+  projections and five fused C++ ops (norm + cast, rotary + KV write, paged attention without a
+  gather copy, residual + norm, gated activation) instead of ~40 ATen ops. Agrees with the eager
+  modules to float rounding (tests/engine/test_scripted.py); `--no-fused` /
+  `LLM(fused_kernels=False)` turns it off. Models with side-by-side projections (precision
+  plans mixing formats in one fused matmul) or activation-aware input scales use the plain stack.
+* the plain stack (`_Stack`): the eager modules' ATen ops, op for op (same kernels, same order:
+  logits bit-identical). Rotary is applied to q and k in one call when the model has no QK-norm
+  (elementwise, so identical).
+Only decode-only steps with fast attention and an fp32 KV cache take either path, and only for
+models built from the layer types below (fp32, int8 and int4 linears, fused or side by side);
+anything else runs eagerly.
 
 (No `from __future__ import annotations` here: TorchScript reads the `Final` class annotations
 at runtime.)
 """
 import logging
 import warnings
-from typing import Any, Final, List, Optional
+from typing import Any, Final, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -283,35 +291,205 @@ class _Stack(nn.Module):
         return logits
 
 
-class ScriptedDecode:
-    """The scripted decode stack of one model (shared by every engine on its weights)."""
+KIND_INT8X2 = 3  # _FLinear.kind
+
+
+class _FLinear(nn.Module):
+    """A projection for the fused stack: takes its input in the dtype its kernel wants (bf16 for
+    the int4 and bf16-int8 kernels, fp32 otherwise; the op before it writes that dtype) and
+    returns the kernel's output uncast (the op after it reads either)."""
+
+    kind: Final[int]
+    group: Final[int]
+    out_features: Final[int]
+    out_padded: Final[int]
+    pad_k: Final[int]
+    in_bf16: Final[bool]
+    levels: Final[float]
+    packed: List[torch.classes.quantized.LinearPackedParamsBase]
+
+    def __init__(self, src: nn.Module) -> None:
+        super().__init__()
+        from tightfit.engine.quant.linear import Int8Linear
+        from tightfit.engine.quant.plan import SplitLinear
+
+        if isinstance(src, SplitLinear):
+            raise Unsupported("side-by-side projections")
+        if getattr(src, "input_scale_inv", None) is not None:
+            raise Unsupported("activation-aware input scales")
+        self.packed = []
+        self.levels = 0.0
+        if isinstance(src, Int8Linear) and src.packed is not None:
+            self.kind, self.group, self.pad_k = KIND_INT8X2, 0, 0
+            self.out_features = self.out_padded = int(src.out_features)
+            self.packed, self.levels = list(src.packed), float(src.levels)
+            self.weight, self.scales = torch.empty(0), torch.empty(0)
+            self.bias = src.bias.detach() if src.bias is not None else None
+        else:
+            plain = _Linear(src)  # reads the same tensors, validates the type
+            self.kind, self.group, self.pad_k = plain.kind, plain.group, plain.pad_k
+            self.out_features, self.out_padded = plain.out_features, plain.out_padded
+            self.weight, self.scales, self.bias = plain.weight, plain.scales, plain.bias
+        self.in_bf16 = self.kind in (KIND_INT8, KIND_INT4) and self.scales.dtype == torch.bfloat16
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == 0:  # KIND_DENSE
+            return F.linear(x, self.weight, self.bias)
+        if self.kind == 3:  # KIND_INT8X2
+            y = int8x2_linear(x, self.packed, self.levels)
+        else:
+            x2 = x.to(self.scales.dtype)
+            if self.pad_k > 0:
+                x2 = F.pad(x2, [0, self.pad_k])
+            if self.kind == 1:  # KIND_INT8
+                y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, self.scales)
+            else:
+                y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.weight, self.group,
+                                                               self.scales)
+                if self.out_padded != self.out_features:
+                    y = y[:, :self.out_features]
+        bias = self.bias
+        if bias is not None:
+            y = y.float() + bias
+        return y
+
+
+class _FLayer(nn.Module):
+    """One decoder layer on the fused kernels (kernels/decode.cpp): 4 projections and 5 fused
+    ops. Takes the residual stream x and x already normed for its q/k/v projection; returns the
+    new stream and it normed for whatever comes next (the next layer, or the output head)."""
+
+    n_heads: Final[int]
+    n_kv: Final[int]
+    inter: Final[int]
+    gelu: Final[bool]
+    local_rope: Final[bool]
+    window: Final[int]
+    scale: Final[float]
+    eps: Final[float]
+    next_bf16: Final[bool]
+
+    def __init__(self, layer: nn.Module, local_rope: bool, next_norm: torch.Tensor,
+                 next_bf16: bool) -> None:
+        super().__init__()
+        plain = _Layer(layer, local_rope)  # the same checks and tensors as the plain stack
+        a = layer.attn
+        self.qkv, self.o = _FLinear(a.qkv), _FLinear(a.o)
+        self.gate_up, self.down = _FLinear(layer.mlp.gate_up), _FLinear(layer.mlp.down)
+        self.attn_norm, self.ffn_norm = plain.attn_norm, plain.ffn_norm
+        self.post_attn_norm, self.post_ffn_norm = plain.post_attn_norm, plain.post_ffn_norm
+        self.q_norm, self.k_norm = plain.q_norm, plain.k_norm
+        self.next_norm = next_norm
+        self.n_heads, self.n_kv, self.inter = plain.n_heads, plain.n_kv, plain.inter
+        self.gelu, self.local_rope, self.scale, self.eps = (plain.gelu, plain.local_rope,
+                                                            plain.scale, plain.eps)
+        self.window = int(a.window) if a.window is not None else 0
+        self.next_bf16 = next_bf16
+
+    def forward(self, x: torch.Tensor, normed: torch.Tensor, cos_g: torch.Tensor,
+                sin_g: torch.Tensor, cos_l: torch.Tensor, sin_l: torch.Tensor,
+                slot_mapping: torch.Tensor, positions: torch.Tensor, starts: List[int],
+                kv_blocks: List[torch.Tensor], k_cache: torch.Tensor, v_cache: torch.Tensor
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = (cos_l, sin_l) if self.local_rope else (cos_g, sin_g)
+        qkv = self.qkv(normed)
+        q = torch.ops.tightfit.rope_write_kv(qkv, cos, sin, slot_mapping, k_cache, v_cache,
+                                             self.n_heads, self.n_kv, self.q_norm, self.k_norm,
+                                             self.eps)
+        a = torch.ops.tightfit.decode_attention(q, k_cache, v_cache, positions, starts,
+                                                kv_blocks, self.window, self.scale,
+                                                self.o.in_bf16)
+        x, h = torch.ops.tightfit.residual_norm(x, self.o(a), self.post_attn_norm,
+                                                self.ffn_norm, self.eps, self.gate_up.in_bf16)
+        a = torch.ops.tightfit.gated_act(self.gate_up(h), self.inter, self.gelu,
+                                         self.down.in_bf16)
+        return torch.ops.tightfit.residual_norm(x, self.down(a), self.post_ffn_norm,
+                                                self.next_norm, self.eps, self.next_bf16)
+
+
+class _FStack(nn.Module):
+    eps: Final[float]
+    softcap: Final[float]
+    first_bf16: Final[bool]
 
     def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        if float(model.norm.eps) != float(model.layers[0].attn_norm.eps):
+            raise Unsupported("final norm eps differs from the layers'")
+        local = model.rotaries[1] if len(model.rotaries) > 1 else None
+        self.head = _FLinear(model.lm_head)
+        layers = []
+        n = len(model.layers)
+        for i, layer in enumerate(model.layers):
+            if i + 1 < n:
+                nxt = model.layers[i + 1].attn_norm.weight.detach()
+                nxt_bf16 = _FLinear(model.layers[i + 1].attn.qkv).in_bf16
+            else:
+                nxt, nxt_bf16 = model.norm.weight.detach(), self.head.in_bf16
+            layers.append(_FLayer(layer, layer.attn.rotary is local, nxt, nxt_bf16))
+        self.layers = nn.ModuleList(layers)
+        self.first_norm = layers[0].attn_norm
+        self.first_bf16 = layers[0].qkv.in_bf16
+        self.eps = float(model.norm.eps)
+        self.softcap = float(model.cfg.final_logit_softcap or 0.0)
+
+    def forward(self, x: torch.Tensor, cos_g: torch.Tensor, sin_g: torch.Tensor,
+                cos_l: torch.Tensor, sin_l: torch.Tensor, slot_mapping: torch.Tensor,
+                positions: torch.Tensor, starts: List[int], kv_blocks: List[torch.Tensor],
+                k_caches: List[torch.Tensor], v_caches: List[torch.Tensor],
+                rows: torch.Tensor) -> torch.Tensor:
+        normed = torch.ops.tightfit.rms_norm_to(x, self.first_norm, self.eps, self.first_bf16)
+        for i, layer in enumerate(self.layers):
+            x, normed = layer(x, normed, cos_g, sin_g, cos_l, sin_l, slot_mapping, positions,
+                              starts, kv_blocks, k_caches[i], v_caches[i])
+        logits = self.head(normed[rows]).float()
+        if self.softcap > 0.0:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+class ScriptedDecode:
+    """The scripted decode stack of one model (shared by every engine on its weights): on the
+    fused kernels (kernels/decode.cpp) where they load and the model's layers allow, else the
+    plain stack (ATen ops only)."""
+
+    def __init__(self, model: nn.Module, fused: bool) -> None:
         self.model = model
         self.rotaries = list(model.rotaries)
-        self.fn = torch.jit.script(_Stack(model))
+        self.fused = fused
+        self.fn = torch.jit.script(_FStack(model) if fused else _Stack(model))
 
     @classmethod
-    def for_model(cls, model: nn.Module) -> "ScriptedDecode | None":
-        """The model's scripted stack, built once; None when the model holds a module the
-        scripted path does not reproduce (decode then stays eager)."""
-        found = model.__dict__.get(_ATTR)
-        if found is None:
-            try:
-                with warnings.catch_warnings():
-                    # torch.jit.script is deprecated in favour of torch.compile / torch.export,
-                    # which cost minutes of compile here (engine/compiled.py); it still works,
-                    # and if a future torch drops it, decode stays eager (below).
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    found = cls(model)
-            except Unsupported:
-                found = False
-            except Exception as exc:  # TorchScript missing or unable to script: eager decode
-                log.warning("scripted decode unavailable (%s: %s); decoding eagerly",
-                            type(exc).__name__, exc)
-                found = False
-            object.__setattr__(model, _ATTR, found)  # not a submodule: no state_dict entry
-        return found or None
+    def for_model(cls, model: nn.Module, fused: bool = True) -> "ScriptedDecode | None":
+        """The model's scripted stack, built once per variant; None when the model holds a module
+        the scripted path does not reproduce (decode then stays eager). fused=True takes the
+        fused kernels where they load and the model allows, else the plain stack."""
+        from tightfit.engine import kernels
+
+        built = model.__dict__.setdefault(_ATTR, {})  # not a submodule: no state_dict entry
+        want = [True, False] if fused and kernels.load() else [False]
+        for variant in want:
+            found = built.get(variant)
+            if found is None:
+                try:
+                    with warnings.catch_warnings():
+                        # torch.jit.script is deprecated in favour of torch.compile /
+                        # torch.export, which cost minutes of compile here (engine/compiled.py);
+                        # it still works, and if a future torch drops it, decode stays eager.
+                        warnings.simplefilter("ignore", DeprecationWarning)
+                        found = cls(model, variant)
+                except Unsupported as exc:
+                    if variant:
+                        log.info("fused decode kernels not used for this model (%s)", exc)
+                    found = False
+                except Exception as exc:  # TorchScript missing or unable to script
+                    log.warning("scripted decode%s unavailable (%s: %s)",
+                                " (fused)" if variant else "", type(exc).__name__, exc)
+                    found = False
+                built[variant] = found
+            if found:
+                return found
+        return None
 
     @staticmethod
     def eligible(meta: AttentionMetadata, kv_caches: list[tuple[Any, Any]]) -> bool:
@@ -329,7 +507,12 @@ class ScriptedDecode:
         # The plain interpreter: the profiling executor's specialised plans bought nothing here
         # and held ~26 MiB more RSS (varying context lengths keep re-specialising them).
         with torch.jit.optimized_execution(False):
-            return self.fn(self.model.embed_tokens(input_ids), cos_g, sin_g, cos_l, sin_l,
+            x = self.model.embed_tokens(input_ids)
+            if self.fused:
+                return self.fn(x, cos_g, sin_g, cos_l, sin_l, meta.slot_mapping, positions,
+                               [g.token_start for g in groups], [g.kv_blocks for g in groups],
+                               [k for k, _ in kv_caches], [v for _, v in kv_caches], rows)
+            return self.fn(x, cos_g, sin_g, cos_l, sin_l,
                            meta.slot_mapping, [g.token_start for g in groups],
                            [g.batch for g in groups], [g.kv_blocks for g in groups],
                            [g.kv_len for g in groups],

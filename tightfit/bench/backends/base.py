@@ -31,7 +31,8 @@ class BackendOptions:
     prefix_caching: bool | None = None
     max_model_len: int = 2048
     # backend-specific, recorded as given (tightfit: {"compile_decode": true} or
-    # {"scripted_decode": false} for eager decode steps); kept out of the
+    # {"scripted_decode": false} for eager decode steps, {"fused_kernels": false} for the
+    # TorchScript stack on ATen ops only); kept out of the
     # fields above so that stored runs keep their keys
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -45,7 +46,8 @@ class BackendOptions:
         """Options that need a fresh model load when they change (the rest reuse the weights)."""
         return (self.model, self.quant, self.threads, self.memory_budget, self.max_model_len,
                 bool(self.extra.get("compile_decode")),
-                bool(self.extra.get("scripted_decode", True)))
+                bool(self.extra.get("scripted_decode", True)),
+                bool(self.extra.get("fused_kernels", True)))
 
 
 @dataclass

@@ -153,6 +153,8 @@ class TightfitServeBackend(ServerProcessBackend):
             cmd += ["--compile"]
         if not o.extra.get("scripted_decode", True):
             cmd += ["--no-script"]
+        if not o.extra.get("fused_kernels", True):
+            cmd += ["--no-fused"]
         return cmd
 
     def request_body(self, r: BenchRequest) -> dict[str, Any]:

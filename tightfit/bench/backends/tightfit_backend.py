@@ -43,7 +43,8 @@ class TightfitBackend(Backend):
                            memory_budget=o.memory_budget, max_model_len=o.max_model_len,
                            kv_dtype=o.kv_dtype or DEFAULT_KV_DTYPE,
                            compile_decode=bool(o.extra.get("compile_decode")),
-                           scripted_decode=bool(o.extra.get("scripted_decode", True)))
+                           scripted_decode=bool(o.extra.get("scripted_decode", True)),
+                           fused_kernels=bool(o.extra.get("fused_kernels", True)))
         if self.load_time_s is None:
             self.load_time_s = time.perf_counter() - t0
         _check_quant_applied(o.quant, self.llm.loaded.model)

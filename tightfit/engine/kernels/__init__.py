@@ -1,0 +1,94 @@
+"""tightfit's fused CPU decode kernels (decode.cpp), compiled once per machine and loaded as
+`torch.ops.tightfit.*` for the TorchScript decode stack (engine/scripted.py).
+
+Built with torch's C++ extension builder (ninja + the system C++ compiler, -O3 -march=native)
+into a cache directory keyed by the torch version and the CPU's flags: ~1 minute the first time
+(`scripts/setup.sh` does it at install: `python -m tightfit.engine.kernels`), a library load
+after. Where no compiler is present or the build fails, `load()` returns False with the reason
+logged once, and decode runs on the plain TorchScript stack (same results to float rounding).
+`TIGHTFIT_KERNELS=0` turns them off; `TIGHTFIT_CACHE` moves the cache (default
+~/.cache/tightfit).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("decode.cpp")
+NAME = "tightfit_kernels"
+_state: dict[str, object] = {}
+
+
+def enabled() -> bool:
+    return os.environ.get("TIGHTFIT_KERNELS", "1").strip().lower() not in ("0", "false", "no",
+                                                                           "off")
+
+
+def _cpu_key() -> str:
+    """What the -march=native build depends on: the CPU's model and feature flags."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        lines = [ln for ln in text.splitlines() if ln.startswith(("flags", "model name"))]
+        basis = "\n".join(sorted(set(lines)))
+    except OSError:
+        import platform
+        basis = platform.processor() or platform.machine()
+    return hashlib.sha1(basis.encode()).hexdigest()[:12]
+
+
+def build_dir() -> Path:
+    root = Path(os.environ.get("TIGHTFIT_CACHE") or Path.home() / ".cache" / "tightfit")
+    tag = f"torch{torch.__version__.split('+')[0]}-py{sys.version_info[0]}{sys.version_info[1]}"
+    return root / "kernels" / f"{tag}-{_cpu_key()}"
+
+
+def _flags() -> list[str]:
+    # -fopenmp: at::parallel_for is inline OpenMP (serial without it); the library then needs
+    # libgomp.so.1, which resolves to the copy torch has already loaded (same soname).
+    flags = ["-O3", "-fopenmp"]
+    if os.environ.get("TIGHTFIT_KERNELS_MARCH", "native"):
+        flags.append(f"-march={os.environ.get('TIGHTFIT_KERNELS_MARCH', 'native')}")
+    return flags
+
+
+def load(verbose: bool = False) -> bool:
+    """Builds (first time) and loads the kernels; True when torch.ops.tightfit.* are usable."""
+    if "ok" in _state:
+        return bool(_state["ok"])
+    ok = False
+    if not enabled():
+        _state["why"] = "TIGHTFIT_KERNELS=0"
+    elif shutil.which(os.environ.get("CXX", "c++")) is None:
+        _state["why"] = "no C++ compiler (c++) on PATH"
+    else:
+        try:
+            from torch.utils import cpp_extension
+
+            path = build_dir()
+            path.mkdir(parents=True, exist_ok=True)
+            cpp_extension.load(name=NAME, sources=[str(SOURCE)], extra_cflags=_flags(),
+                               extra_ldflags=["-fopenmp"],
+                               build_directory=str(path), is_python_module=False,
+                               verbose=verbose)
+            ok = hasattr(torch.ops.tightfit, "decode_attention")
+            if not ok:
+                _state["why"] = "library loaded without its ops"
+        except Exception as exc:  # compiler error, missing ninja, unwritable cache, ...
+            _state["why"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1:]}"
+    if not ok:
+        log.warning("fused decode kernels unavailable (%s); decode runs on the plain "
+                    "TorchScript stack", _state["why"])
+    _state["ok"] = ok
+    return ok
+
+
+def why_not() -> str | None:
+    """The reason load() failed, or None."""
+    return None if _state.get("ok") else _state.get("why")  # type: ignore[return-value]
