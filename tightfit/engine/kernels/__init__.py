@@ -1,8 +1,9 @@
 """tightfit's fused CPU decode kernels (decode.cpp), compiled once per machine and loaded as
 `torch.ops.tightfit.*` for the TorchScript decode stack (engine/scripted.py).
 
-Built with torch's C++ extension builder (ninja + the system C++ compiler, -O3 -march=native)
-into a cache directory keyed by the torch version and the CPU's flags: ~1 minute the first time
+Built with torch's C++ extension builder (ninja, from the `ninja` package if the system has
+none, and the system C++ compiler; -O3 -march=native -fopenmp) into a cache directory keyed by
+the torch version, the Python version and the CPU's flags: ~30-60 s the first time
 (`scripts/setup.sh` does it at install: `python -m tightfit.engine.kernels`), a library load
 after. Where no compiler is present or the build fails, `load()` returns False with the reason
 logged once, and decode runs on the plain TorchScript stack (same results to float rounding).
@@ -70,6 +71,10 @@ def load(verbose: bool = False) -> bool:
     else:
         try:
             from torch.utils import cpp_extension
+
+            if shutil.which("ninja") is None:  # the `ninja` package's binary, beside python
+                os.environ["PATH"] = (os.path.dirname(sys.executable) + os.pathsep
+                                      + os.environ.get("PATH", ""))
 
             path = build_dir()
             path.mkdir(parents=True, exist_ok=True)

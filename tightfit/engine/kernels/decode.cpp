@@ -151,6 +151,10 @@ Tensor rope_write_kv(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
   Tensor sl = slots.contiguous().to(at::kLong);
   TORCH_CHECK(sl.numel() == t, "slot_mapping has ", sl.numel(), " entries for ", t, " tokens");
   const int64_t n_slots = k_cache.numel() / (n_kv * d);
+  for (int64_t r = 0; r < t; ++r) {  // all checked before anything is written
+    const int64_t slot = sl.data_ptr<int64_t>()[r];
+    TORCH_CHECK(slot >= 0 && slot < n_slots, "slot ", slot, " outside the cache of ", n_slots);
+  }
   Tensor qn, kn;
   if (q_norm.has_value() && q_norm->defined()) qn = q_norm->contiguous().to(at::kFloat);
   if (k_norm.has_value() && k_norm->defined()) kn = k_norm->contiguous().to(at::kFloat);
@@ -164,7 +168,6 @@ Tensor rope_write_kv(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
     const float* cr = c.data_ptr<float>() + r * d;
     const float* sr = s.data_ptr<float>() + r * d;
     const int64_t slot = sl.data_ptr<int64_t>()[r];
-    TORCH_CHECK(slot >= 0 && slot < n_slots, "slot ", slot, " outside the cache of ", n_slots);
     for (int64_t h = 0; h < n_heads + n_kv; ++h) {
       float* x = row.data() + h * d;
       const bool is_q = h < n_heads;
