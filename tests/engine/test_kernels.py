@@ -153,3 +153,9 @@ def test_a_build_that_fails_leaves_decode_on_the_plain_stack(monkeypatch, tmp_pa
     assert kernels.load() is False
     assert "no C++ compiler" in kernels.why_not()
     monkeypatch.setattr(kernels, "_state", saved)
+
+
+def test_tensors_off_the_cpu_are_refused():
+    meta = torch.zeros(2, 8, device="meta")
+    with pytest.raises(RuntimeError, match="CPU only"):
+        ops.rms_norm_to(meta, torch.ones(8), 1e-5, False)

@@ -414,6 +414,8 @@ class _FStack(nn.Module):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
+        if model.norm.weight.device.type != "cpu":
+            raise Unsupported("the fused kernels are CPU only")
         if float(model.norm.eps) != float(model.layers[0].attn_norm.eps):
             raise Unsupported("final norm eps differs from the layers'")
         local = model.rotaries[1] if len(model.rotaries) > 1 else None

@@ -81,7 +81,12 @@ inline void norm_inplace(float* x, int64_t n, const float* w, double eps) {
   for (int64_t i = 0; i < n; ++i) x[i] = w[i] * (x[i] * r);
 }
 
+void check_cpu(const Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " is on ", t.device(), ": these kernels are CPU only");
+}
+
 void check_rows(const Tensor& t, const char* name) {
+  check_cpu(t, name);
   TORCH_CHECK(t.dim() == 2, name, " must be 2-D, got ", t.dim(), " dims");
   TORCH_CHECK(t.stride(1) == 1, name, " rows must be contiguous");
   TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
@@ -139,6 +144,8 @@ Tensor rope_write_kv(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
                      int64_t n_kv, const c10::optional<Tensor>& q_norm,
                      const c10::optional<Tensor>& k_norm, double eps) {
   check_rows(qkv, "qkv");
+  check_cpu(k_cache, "k_cache");
+  check_cpu(v_cache, "v_cache");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() &&
                   k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat,
               "K/V caches must be contiguous float32");
@@ -218,6 +225,9 @@ constexpr int64_t kChunk = 128;
 Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                         const Tensor& positions, at::IntArrayRef starts, at::TensorList blocks,
                         int64_t window, double scale, bool bf16) {
+  check_cpu(q, "q");
+  check_cpu(k_cache, "k_cache");
+  check_cpu(v_cache, "v_cache");
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat,
               "q must be contiguous float32 [T, H, D]");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() &&
