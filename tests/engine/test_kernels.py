@@ -159,3 +159,22 @@ def test_tensors_off_the_cpu_are_refused():
     meta = torch.zeros(2, 8, device="meta")
     with pytest.raises(RuntimeError, match="CPU only"):
         ops.rms_norm_to(meta, torch.ones(8), 1e-5, False)
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_fused_projection_with_awq_input_scales(kind):
+    """The fused stack's projection applies activation-aware input scales in fp32 before any
+    rounding, as the eager linears do: same output for the same fp32 input (and it asks the op
+    before it for fp32, not bf16)."""
+    from tightfit.engine.quant.linear import Int4Linear, Int8Linear
+    from tightfit.engine.scripted import _FLinear
+
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(96, 64, generator=g) * 0.05
+    s = torch.rand(64, generator=g) * 3 + 0.25  # AWQ per-input-channel scales
+    lin = (Int4Linear.from_float(w, 32, input_scale=s) if kind == "int4"
+           else Int8Linear.from_float(w, input_scale=s))
+    proj = torch.jit.script(_FLinear(lin))
+    assert proj.in_bf16 is False
+    x = torch.randn(3, 64, generator=g)
+    assert torch.equal(proj(x).float(), lin(x))

@@ -14,7 +14,7 @@ Two stacks:
   gather copy, residual + norm, gated activation) instead of ~40 ATen ops. Agrees with the eager
   modules to float rounding (tests/engine/test_scripted.py); `--no-fused` /
   `LLM(fused_kernels=False)` turns it off. Models with side-by-side projections (precision
-  plans mixing formats in one fused matmul) or activation-aware input scales use the plain stack.
+  plans mixing formats in one fused matmul) use the plain stack.
 * the plain stack (`_Stack`): the eager modules' ATen ops, op for op (same kernels, same order:
   logits bit-identical). Rotary is applied to q and k in one call when the model has no QK-norm
   (elementwise, so identical).
@@ -297,7 +297,8 @@ KIND_INT8X2 = 3  # _FLinear.kind
 class _FLinear(nn.Module):
     """A projection for the fused stack: takes its input in the dtype its kernel wants (bf16 for
     the int4 and bf16-int8 kernels, fp32 otherwise; the op before it writes that dtype) and
-    returns the kernel's output uncast (the op after it reads either)."""
+    returns the kernel's output uncast (the op after it reads either). With activation-aware
+    input scales (AWQ) it takes fp32 and scales before rounding, as Int4Linear does."""
 
     kind: Final[int]
     group: Final[int]
@@ -315,8 +316,6 @@ class _FLinear(nn.Module):
 
         if isinstance(src, SplitLinear):
             raise Unsupported("side-by-side projections")
-        if getattr(src, "input_scale_inv", None) is not None:
-            raise Unsupported("activation-aware input scales")
         self.packed = []
         self.levels = 0.0
         if isinstance(src, Int8Linear) and src.packed is not None:
@@ -330,9 +329,15 @@ class _FLinear(nn.Module):
             self.kind, self.group, self.pad_k = plain.kind, plain.group, plain.pad_k
             self.out_features, self.out_padded = plain.out_features, plain.out_padded
             self.weight, self.scales, self.bias = plain.weight, plain.scales, plain.bias
-        self.in_bf16 = self.kind in (KIND_INT8, KIND_INT4) and self.scales.dtype == torch.bfloat16
+        inv = getattr(src, "input_scale_inv", None)
+        self.input_scale_inv = inv.detach() if inv is not None else None
+        self.in_bf16 = (self.kind in (KIND_INT8, KIND_INT4) and self.scales.dtype == torch.bfloat16
+                        and inv is None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inv = self.input_scale_inv
+        if inv is not None:  # fp32 in (in_bf16 is False), scaled before any rounding
+            x = x * inv
         if self.kind == 0:  # KIND_DENSE
             return F.linear(x, self.weight, self.bias)
         if self.kind == 3:  # KIND_INT8X2
