@@ -178,3 +178,19 @@ def test_fused_projection_with_awq_input_scales(kind):
     assert proj.in_bf16 is False
     x = torch.randn(3, 64, generator=g)
     assert torch.equal(proj(x).float(), lin(x))
+
+
+def test_the_build_directory_follows_the_source(monkeypatch, tmp_path):
+    """Another kernel source builds elsewhere (never rebuilds or races this one's library), and
+    the compiled file is a copy in the build directory, so touching the checkout's file (a fresh
+    clone) does not make ninja rebuild."""
+    monkeypatch.setenv("TIGHTFIT_CACHE", str(tmp_path))
+    here = kernels.build_dir()
+    other = tmp_path / "decode.cpp"
+    other.write_text(kernels.SOURCE.read_text() + "\n// changed\n")
+    monkeypatch.setattr(kernels, "SOURCE", other)
+    there = kernels.build_dir()
+    assert here != there and here.parent == there.parent == tmp_path / "kernels"
+    there.mkdir(parents=True)
+    copy = kernels._source_copy(there)
+    assert copy.parent == there and copy.read_text() == other.read_text()

@@ -3,7 +3,7 @@
 
 Built with torch's C++ extension builder (ninja, from the `ninja` package if the system has
 none, and the system C++ compiler; -O3 -march=native -fopenmp) into a cache directory keyed by
-the torch version, the Python version and the CPU's flags: ~30-60 s the first time
+the torch version, the Python version, the CPU's flags and the source: ~30-60 s the first time
 (`scripts/setup.sh` does it at install: `python -m tightfit.engine.kernels`), a library load
 after. Where no compiler is present or the build fails, `load()` returns False with the reason
 logged once, and decode runs on the plain TorchScript stack (same results to float rounding).
@@ -44,12 +44,6 @@ def _cpu_key() -> str:
     return hashlib.sha1(basis.encode()).hexdigest()[:12]
 
 
-def build_dir() -> Path:
-    root = Path(os.environ.get("TIGHTFIT_CACHE") or Path.home() / ".cache" / "tightfit")
-    tag = f"torch{torch.__version__.split('+')[0]}-py{sys.version_info[0]}{sys.version_info[1]}"
-    return root / "kernels" / f"{tag}-{_cpu_key()}"
-
-
 def _flags() -> list[str]:
     # -fopenmp: at::parallel_for is inline OpenMP (serial without it); the library then needs
     # libgomp.so.1, which resolves to the copy torch has already loaded (same soname).
@@ -57,6 +51,27 @@ def _flags() -> list[str]:
     if os.environ.get("TIGHTFIT_KERNELS_MARCH", "native"):
         flags.append(f"-march={os.environ.get('TIGHTFIT_KERNELS_MARCH', 'native')}")
     return flags
+
+
+def build_dir() -> Path:
+    """One directory per (torch, Python, CPU, source and flags): checkouts with the same kernel
+    source share one build, and a different source never rebuilds (or races) another's."""
+    root = Path(os.environ.get("TIGHTFIT_CACHE") or Path.home() / ".cache" / "tightfit")
+    tag = f"torch{torch.__version__.split('+')[0]}-py{sys.version_info[0]}{sys.version_info[1]}"
+    src = hashlib.sha1(SOURCE.read_bytes() + " ".join(_flags()).encode()).hexdigest()[:12]
+    return root / "kernels" / f"{tag}-{_cpu_key()}-{src}"
+
+
+def _source_copy(path: Path) -> Path:
+    """The source as compiled: a copy inside the build directory, written once. ninja decides
+    by modification times, so compiling a checkout's own file would rebuild whenever a fresh
+    clone or an edit-and-revert touched it, even with the same content."""
+    copy = path / SOURCE.name
+    if not copy.exists():
+        tmp = path / f".{SOURCE.name}.{os.getpid()}"
+        tmp.write_bytes(SOURCE.read_bytes())
+        os.replace(tmp, copy)  # atomic: a concurrent loader sees the whole file or none
+    return copy
 
 
 def load(verbose: bool = False) -> bool:
@@ -78,7 +93,8 @@ def load(verbose: bool = False) -> bool:
 
             path = build_dir()
             path.mkdir(parents=True, exist_ok=True)
-            cpp_extension.load(name=NAME, sources=[str(SOURCE)], extra_cflags=_flags(),
+            cpp_extension.load(name=NAME, sources=[str(_source_copy(path))],
+                               extra_cflags=_flags(),
                                extra_ldflags=["-fopenmp"],
                                build_directory=str(path), is_python_module=False,
                                verbose=verbose)
