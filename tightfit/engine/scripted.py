@@ -46,6 +46,18 @@ class Unsupported(Exception):
     """The model holds a module the scripted path does not reproduce; decode stays eager."""
 
 
+def _packed_mm(x2: torch.Tensor, kind: int, weight: torch.Tensor, scales: torch.Tensor,
+               group: int, out_features: int, out_padded: int) -> torch.Tensor:
+    """The int8 (bf16 kernel) / int4 weight-only matmul on an input already in the kernel's
+    dtype and padded width; the output trimmed to the real out_features (both stacks)."""
+    if kind == 1:  # KIND_INT8
+        return torch.ops.aten._weight_int8pack_mm(x2, weight, scales)
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, weight, group, scales)
+    if out_padded != out_features:
+        y = y[:, :out_features]
+    return y
+
+
 class _Linear(nn.Module):
     """One DenseLinear / nn.Linear / Int8Linear / Int4Linear, reading the same tensors."""
 
@@ -96,13 +108,8 @@ class _Linear(nn.Module):
             x2 = F.pad(x2, [0, self.pad_k])
         else:
             x2 = x2.contiguous()
-        if self.kind == 1:  # KIND_INT8
-            y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, scales)
-        else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.weight, self.group, scales)
-            if self.out_padded != self.out_features:
-                y = y[:, :self.out_features]
-        y = y.to(x.dtype)
+        y = _packed_mm(x2, self.kind, self.weight, scales, self.group, self.out_features,
+                       self.out_padded).to(x.dtype)
         bias = self.bias
         if bias is not None:
             y = y + bias
@@ -346,13 +353,8 @@ class _FLinear(nn.Module):
             x2 = x.to(self.scales.dtype)
             if self.pad_k > 0:
                 x2 = F.pad(x2, [0, self.pad_k])
-            if self.kind == 1:  # KIND_INT8
-                y = torch.ops.aten._weight_int8pack_mm(x2, self.weight, self.scales)
-            else:
-                y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.weight, self.group,
-                                                               self.scales)
-                if self.out_padded != self.out_features:
-                    y = y[:, :self.out_features]
+            y = _packed_mm(x2, self.kind, self.weight, self.scales, self.group,
+                           self.out_features, self.out_padded)
         bias = self.bias
         if bias is not None:
             y = y.float() + bias
@@ -374,8 +376,7 @@ class _FLayer(nn.Module):
     eps: Final[float]
     next_bf16: Final[bool]
 
-    def __init__(self, layer: nn.Module, local_rope: bool, next_norm: torch.Tensor,
-                 next_bf16: bool) -> None:
+    def __init__(self, layer: nn.Module, local_rope: bool) -> None:
         super().__init__()
         plain = _Layer(layer, local_rope)  # the same checks and tensors as the plain stack
         a = layer.attn
@@ -384,12 +385,12 @@ class _FLayer(nn.Module):
         self.attn_norm, self.ffn_norm = plain.attn_norm, plain.ffn_norm
         self.post_attn_norm, self.post_ffn_norm = plain.post_attn_norm, plain.post_ffn_norm
         self.q_norm, self.k_norm = plain.q_norm, plain.k_norm
-        self.next_norm = next_norm
+        # what comes next: set by _FStack (the next layer's attn norm, or the final norm)
+        self.next_norm, self.next_bf16 = self.attn_norm, False
         self.n_heads, self.n_kv, self.inter = plain.n_heads, plain.n_kv, plain.inter
         self.gelu, self.local_rope, self.scale, self.eps = (plain.gelu, plain.local_rope,
                                                             plain.scale, plain.eps)
         self.window = int(a.window) if a.window is not None else 0
-        self.next_bf16 = next_bf16
 
     def forward(self, x: torch.Tensor, normed: torch.Tensor, cos_g: torch.Tensor,
                 sin_g: torch.Tensor, cos_l: torch.Tensor, sin_l: torch.Tensor,
@@ -425,15 +426,11 @@ class _FStack(nn.Module):
             raise Unsupported("final norm eps differs from the layers'")
         local = model.rotaries[1] if len(model.rotaries) > 1 else None
         self.head = _FLinear(model.lm_head)
-        layers = []
-        n = len(model.layers)
-        for i, layer in enumerate(model.layers):
-            if i + 1 < n:
-                nxt = model.layers[i + 1].attn_norm.weight.detach()
-                nxt_bf16 = _FLinear(model.layers[i + 1].attn.qkv).in_bf16
-            else:
-                nxt, nxt_bf16 = model.norm.weight.detach(), self.head.in_bf16
-            layers.append(_FLayer(layer, layer.attn.rotary is local, nxt, nxt_bf16))
+        layers = [_FLayer(layer, layer.attn.rotary is local) for layer in model.layers]
+        for layer, nxt in zip(layers, layers[1:]):
+            layer.next_norm, layer.next_bf16 = nxt.attn_norm, nxt.qkv.in_bf16
+        layers[-1].next_norm = model.norm.weight.detach()
+        layers[-1].next_bf16 = self.head.in_bf16
         self.layers = nn.ModuleList(layers)
         self.first_norm = layers[0].attn_norm
         self.first_bf16 = layers[0].qkv.in_bf16

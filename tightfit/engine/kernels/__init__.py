@@ -47,10 +47,8 @@ def _cpu_key() -> str:
 def _flags() -> list[str]:
     # -fopenmp: at::parallel_for is inline OpenMP (serial without it); the library then needs
     # libgomp.so.1, which resolves to the copy torch has already loaded (same soname).
-    flags = ["-O3", "-fopenmp"]
-    if os.environ.get("TIGHTFIT_KERNELS_MARCH", "native"):
-        flags.append(f"-march={os.environ.get('TIGHTFIT_KERNELS_MARCH', 'native')}")
-    return flags
+    march = os.environ.get("TIGHTFIT_KERNELS_MARCH", "native")
+    return ["-O3", "-fopenmp"] + ([f"-march={march}"] if march else [])
 
 
 def build_dir() -> Path:

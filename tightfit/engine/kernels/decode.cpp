@@ -40,13 +40,18 @@ inline void load_row(const Tensor& t, int64_t row, int64_t n, float* out) {
   }
 }
 
-inline void store_row(Tensor& t, int64_t row, int64_t n, const float* v) {
+// n fp32 values into t (fp32 or bf16) from element `offset` on.
+inline void store_at(Tensor& t, int64_t offset, int64_t n, const float* v) {
   if (t.scalar_type() == at::kFloat) {
-    std::copy(v, v + n, t.data_ptr<float>() + row * t.stride(0));
+    std::copy(v, v + n, t.data_ptr<float>() + offset);
   } else {
-    BFloat16* p = t.data_ptr<BFloat16>() + row * t.stride(0);
+    BFloat16* p = t.data_ptr<BFloat16>() + offset;
     for (int64_t i = 0; i < n; ++i) p[i] = BFloat16(v[i]);  // round to nearest even
   }
+}
+
+inline void store_row(Tensor& t, int64_t row, int64_t n, const float* v) {
+  store_at(t, row * t.stride(0), n, v);
 }
 
 // Dot product with 2 x 8 partial sums and a tree at the end (GCC/Clang vector extensions:
@@ -167,7 +172,7 @@ Tensor rope_write_kv(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
   if (k_norm.has_value() && k_norm->defined()) kn = k_norm->contiguous().to(at::kFloat);
   Tensor q = at::empty({t, n_heads, d}, qkv.options().dtype(at::kFloat));
   const int64_t width = qkv.size(1);
-  std::vector<float> row(width), tmp(d);
+  std::vector<float> row(width);
   float* kc = k_cache.data_ptr<float>();
   float* vc = v_cache.data_ptr<float>();
   for (int64_t r = 0; r < t; ++r) {
@@ -182,11 +187,10 @@ Tensor rope_write_kv(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
       if (nw.defined()) norm_inplace(x, d, nw.data_ptr<float>(), eps);
       float* dst = is_q ? q.data_ptr<float>() + (r * n_heads + h) * d
                         : kc + (slot * n_kv + (h - n_heads)) * d;
-      for (int64_t i = 0; i < d; ++i) {
+      for (int64_t i = 0; i < d; ++i) {  // x is the row buffer, never dst
         const float rolled = x[i < half ? i + half : i - half];
-        tmp[i] = x[i] * cr[i] + rolled * sr[i];
+        dst[i] = x[i] * cr[i] + rolled * sr[i];
       }
-      std::copy(tmp.begin(), tmp.end(), dst);
     }
     const float* v = row.data() + (n_heads + n_kv) * d;
     std::copy(v, v + n_kv * d, vc + slot * n_kv * d);
@@ -360,13 +364,8 @@ Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
         for (int64_t i = 0; i < d; ++i) o[i] += a[i] * f;
       }
       const float inv = 1.f / sum;
-      if (bf16) {
-        BFloat16* dst = out.data_ptr<BFloat16>() + (r * n_heads + h) * d;
-        for (int64_t i = 0; i < d; ++i) dst[i] = BFloat16(o[i] * inv);
-      } else {
-        float* dst = out.data_ptr<float>() + (r * n_heads + h) * d;
-        for (int64_t i = 0; i < d; ++i) dst[i] = o[i] * inv;
-      }
+      for (int64_t i = 0; i < d; ++i) o[i] *= inv;
+      store_at(out, (r * n_heads + h) * d, d, o.data());
     }
   }
   return out;
