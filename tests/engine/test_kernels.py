@@ -180,6 +180,29 @@ def test_fused_projection_with_awq_input_scales(kind):
     assert torch.equal(proj(x).float(), lin(x))
 
 
+@pytest.mark.parametrize("shape", [(1536, 576, 1), (9000, 96, 3), (100, 640, 300)])
+def test_int8x2_split_and_combine_equal_the_plain_int8x2_linear(shape, monkeypatch):
+    """The fused split / join around fbgemm's int8 GEMM give the plain int8x2_linear's result
+    bit for bit: rows of very different magnitude, several packed weight blocks, many rows."""
+    from tightfit.engine.quant import linear
+    from tightfit.engine.scripted import _int8x2_fused
+
+    out_f, in_f, m = shape
+    if m == 3:  # force several packed output-row blocks
+        monkeypatch.setattr(linear, "PACK_BLOCK_BYTES", linear._ROW_CHUNK * (in_f + 2))
+    g = torch.Generator().manual_seed(7)
+    lin = linear.Int8Linear.from_float(torch.randn(out_f, in_f, generator=g), None)
+    assert m != 3 or len(lin.packed) > 1
+    x = torch.randn(m, in_f, generator=g) * torch.logspace(-3, 3, m).unsqueeze(1)
+    ref = linear.int8x2_linear(x, lin.packed, lin.levels)
+    assert torch.equal(torch.jit.script(_int8x2_fused)(x, lin.packed, lin.levels), ref)
+
+
+def test_int8x2_combine_refuses_mismatched_rows():
+    with pytest.raises(RuntimeError, match="need twice as many"):
+        torch.ops.tightfit.int8x2_combine(torch.ones(3, 4), torch.ones(1, 1), torch.ones(1, 1))
+
+
 def test_the_build_directory_follows_the_source(monkeypatch, tmp_path):
     """Another kernel source builds elsewhere (never rebuilds or races this one's library), and
     the compiled file is a copy in the build directory, so touching the checkout's file (a fresh

@@ -79,9 +79,10 @@ def test_fused_fp32_single_and_batched(default_llm):
     assert all(torch.equal(a.argmax(-1), b.argmax(-1)) for a, b in pairs)
 
 
-@pytest.mark.parametrize("quant", ["native", "int4-g128"])
+@pytest.mark.parametrize("quant", ["native", "int4-g128", "int8"])
 def test_quantised_formats(quant):
-    # native: GGUF Q4_1 on int4-g32 kernels, int8 head; int4-g128: 576 inputs padded to 640
+    # native: GGUF Q4_1 on int4-g32 kernels, int8 head; int4-g128: 576 inputs padded to 640;
+    # int8: fbgemm's int8x2 path (fused: its activation split and join as kernels)
     llm = LLM(quant=quant, num_threads=2)
     assert all(_bit_equal(_decode_both_ways(llm, PROMPTS)))
     if kernels.load():

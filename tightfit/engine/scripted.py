@@ -348,7 +348,7 @@ class _FLinear(nn.Module):
         if self.kind == 0:  # KIND_DENSE
             return F.linear(x, self.weight, self.bias)
         if self.kind == 3:  # KIND_INT8X2
-            y = int8x2_linear(x, self.packed, self.levels)
+            y = _int8x2_fused(x, self.packed, self.levels)
         else:
             x2 = x.to(self.scales.dtype)
             if self.pad_k > 0:
@@ -359,6 +359,22 @@ class _FLinear(nn.Module):
         if bias is not None:
             y = y.float() + bias
         return y
+
+
+def _int8x2_fused(x: torch.Tensor, packed: List[torch.classes.quantized.LinearPackedParamsBase],
+                  levels: float) -> torch.Tensor:
+    """`int8x2_linear` with its activation split and the join of the two results as one fused
+    op each (kernels/decode.cpp): the same formulas, ~15 fewer ATen ops a matmul."""
+    z, a, ab = torch.ops.tightfit.int8x2_split(x.contiguous(), levels)
+    reduce_range = levels < 200.0
+    if len(packed) == 1:
+        y = torch.ops.quantized.linear_dynamic(z, packed[0], reduce_range)
+    else:
+        ys: List[torch.Tensor] = []
+        for p in packed:
+            ys.append(torch.ops.quantized.linear_dynamic(z, p, reduce_range))
+        y = torch.cat(ys, dim=1)
+    return torch.ops.tightfit.int8x2_combine(y, a, ab)
 
 
 class _FLayer(nn.Module):

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("decode.cpp")
 NAME = "tightfit_kernels"
 _state: dict[str, object] = {}
+OPS = ("rms_norm_to", "residual_norm", "rope_write_kv", "decode_attention", "gated_act",
+       "int8x2_split", "int8x2_combine")
 
 
 def enabled() -> bool:
@@ -96,7 +98,7 @@ def load(verbose: bool = False) -> bool:
                                extra_ldflags=["-fopenmp"],
                                build_directory=str(path), is_python_module=False,
                                verbose=verbose)
-            ok = hasattr(torch.ops.tightfit, "decode_attention")
+            ok = all(hasattr(torch.ops.tightfit, op) for op in OPS)
             if not ok:
                 _state["why"] = "library loaded without its ops"
         except Exception as exc:  # compiler error, missing ninja, unwritable cache, ...

@@ -9,6 +9,9 @@
 //   rope_write_kv    split fused qkv, [q/k norm], rotary on q and k, K/V into their cache slots
 //   decode_attention one query per row over its paged K/V (no gather copy), sliding window
 //   gated_act        silu(gate) * up (or gelu-tanh), written as the down projection's input
+//   int8x2_split     the two int8 GEMM rows per input row of quant.linear.int8x2_linear
+//   int8x2_combine   ... and their results joined again (the ~15 ATen ops around each int8
+//                    matmul cost more than fbgemm's GEMM itself at decode sizes)
 // Arithmetic follows the eager ops term for term (same formulas, fp32 accumulation); only the
 // order of reductions differs, so results agree to float rounding, not bit for bit.
 #include <ATen/ATen.h>
@@ -399,6 +402,68 @@ Tensor gated_act(const Tensor& gu, int64_t inter, bool gelu, bool bf16) {
   return out;
 }
 
+// int8x2_linear's activation split (quant/linear.py, same formulas in the same order): per row
+// a = max|x|; xn = x / a; hi = clamp(round(xn * half), +-top) / half; lo = xn - hi;
+// b = max|lo| * (half / top); z = [hi rows; lo / b rows] with the +1 / -1 anchor columns.
+// Returns z [2m, k+2], a [m, 1] and a*b [m, 1].
+std::tuple<Tensor, Tensor, Tensor> int8x2_split(const Tensor& x, double levels) {
+  check_rows(x, "x");
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be float32");
+  const int64_t m = x.size(0), k = x.size(1);
+  const float half = static_cast<float>(levels / 2.0);
+  const float top = static_cast<float>(static_cast<int64_t>(levels / 2.0));
+  const float widen = static_cast<float>((levels / 2.0) / static_cast<double>(top));
+  Tensor z = at::empty({2 * m, k + 2}, x.options());
+  Tensor a = at::empty({m, 1}, x.options());
+  Tensor ab = at::empty({m, 1}, x.options());
+  float* zp = z.data_ptr<float>();
+  for (int64_t r = 0; r < m; ++r) {
+    const float* xr = x.data_ptr<float>() + r * x.stride(0);
+    float* hi = zp + r * (k + 2);
+    float* lo = zp + (m + r) * (k + 2);
+    float amax = 0.f;
+    for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(xr[i]));
+    const float ar = std::max(amax, 1e-30f);
+    float lmax = 0.f;
+    for (int64_t i = 0; i < k; ++i) {
+      const float xn = xr[i] / ar;
+      const float h = std::min(std::max(std::nearbyint(xn * half), -top), top) / half;
+      hi[i] = h;
+      lo[i] = xn - h;
+      lmax = std::max(lmax, std::fabs(lo[i]));
+    }
+    const float b = std::max(lmax, 1e-30f) * widen;
+    for (int64_t i = 0; i < k; ++i) lo[i] = lo[i] / b;
+    hi[k] = lo[k] = 1.f;
+    hi[k + 1] = lo[k + 1] = -1.f;
+    a.data_ptr<float>()[r] = ar;
+    ab.data_ptr<float>()[r] = ar * b;
+  }
+  return {z, a, ab};
+}
+
+// y [2m, n] (the GEMM of int8x2_split's rows) -> y[:m] * a + y[m:] * ab, [m, n], as
+// torch.addcmul(y[:m] * a, y[m:], ab) computes it on CPU (one fused multiply-add onto the
+// rounded first product), so the result is bit-identical to the plain stack's.
+Tensor int8x2_combine(const Tensor& y, const Tensor& a, const Tensor& ab) {
+  check_rows(y, "y");
+  TORCH_CHECK(y.scalar_type() == at::kFloat, "y must be float32");
+  const int64_t m = y.size(0) / 2, n = y.size(1);
+  TORCH_CHECK(y.size(0) == 2 * m && a.numel() == m && ab.numel() == m,
+              "y has ", y.size(0), " rows for ", a.numel(), " inputs (need twice as many)");
+  Tensor ac = a.contiguous(), abc = ab.contiguous();
+  Tensor out = at::empty({m, n}, y.options());
+  for (int64_t r = 0; r < m; ++r) {
+    const float* yh = y.data_ptr<float>() + r * y.stride(0);
+    const float* yl = y.data_ptr<float>() + (m + r) * y.stride(0);
+    const float ar = ac.data_ptr<float>()[r], abr = abc.data_ptr<float>()[r];
+    float* o = out.data_ptr<float>() + r * n;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) o[i] = std::fma(yl[i], abr, yh[i] * ar);
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(tightfit, m) {
@@ -414,4 +479,6 @@ TORCH_LIBRARY(tightfit, m) {
         " int[] starts, Tensor[] blocks, int window, float scale, bool bf16) -> Tensor",
         &decode_attention);
   m.def("gated_act(Tensor gu, int inter, bool gelu, bool bf16) -> Tensor", &gated_act);
+  m.def("int8x2_split(Tensor x, float levels) -> (Tensor, Tensor, Tensor)", &int8x2_split);
+  m.def("int8x2_combine(Tensor y, Tensor a, Tensor ab) -> Tensor", &int8x2_combine);
 }
