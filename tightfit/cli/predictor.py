@@ -24,6 +24,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                          "phase, none = no phase")
     ev.add_argument("--without-brief-factors", action="store_const", const="none",
                     dest="brief_factors", help="same as --brief-factors none")
+    ev.add_argument("--decode-rate-features", action="store_const", const="all",
+                    default="default", dest="rate_features",
+                    help="ablation: let decode's residual use the device compute-rate features "
+                         "too (log TFLOPS, FLOP/byte, compute share; default: prefill only)")
     ev.add_argument("--measurements", action="append", default=[], metavar="FILE",
                     help="tightfit dataset JSONL (e.g. data/measurements/cpu-2core.jsonl) whose "
                          "single-stream runs join the evaluation (repeatable)")
@@ -47,7 +51,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     splits = ("device", "model") if args.split == "both" else (args.split,)
     result = report.run(splits, screen=not args.no_screen,
                         brief=args.brief_factors,
-                        measurements=tuple(args.measurements))
+                        measurements=tuple(args.measurements), rates=args.rate_features)
     pairs = result.pop("_pairs")
     if args.plots:
         from tightfit.predictor import plots

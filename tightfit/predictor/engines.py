@@ -56,8 +56,14 @@ def profile(engine: str, device_class: str) -> EngineProfile:
     # tensors is 257 MiB (SmolLM2, 49k vocab) and 321 MiB (Gemma 3, 262k) in every format, so
     # 242 MiB + 315 B per vocab entry (`import torch` + tightfit alone is 221 MiB); the
     # loader's worst moment is ~40 MiB + a quarter of the stored embedding above the result.
+    # Decode on CPU since the fused kernels (2026-12-04, docs/performance.md): the packed int4 /
+    # int8 kernels stream 15-24 GB/s of a 24.8 GB/s copy rate (bw_eff 0.6; fp32's GEMV reaches
+    # less, which the residual learns from bits/weight), and what a step spends outside them is
+    # ~1.4 ms (interpreter ~0.8 ms, ~120 kernel calls at ~5 us): 0.5 ms + 30 us a layer. The
+    # eager engine's 2 ms + 0.2 ms a layer made the base think decode was overhead-bound, so
+    # it barely changed with threads where the measured rate moved 1.3-1.8x.
     if cpu:
-        return EngineProfile(0.4, 0.4, 0.3, 2e-3, 2e-4, 0.03, 242, 0, False, "stream",
+        return EngineProfile(0.6, 0.4, 0.3, 5e-4, 3e-5, 0.03, 242, 0, False, "stream",
                              tokenizer_bytes_per_token=315, load_transient_mb=40,
                              load_transient_share=0.25)
     return EngineProfile(0.6, 0.45, 0.4, 2e-3, 2e-4, 0.03, 450, 400, False, "stream")

@@ -80,7 +80,7 @@ def fold_of(groups: Sequence[str], n_folds: int | None, seed: int = 0) -> dict[s
 
 def cross_validate(obs: Sequence[Observation], key: Callable[[Observation], str],
                    screen: bool = True, n_folds: int | None = None,
-                   exclude: Sequence[str] = (), brief: str = "default"
+                   exclude: Sequence[str] = (), brief: str = "default", rates: str = "default"
                    ) -> list[tuple[Observation, core.Prediction]]:
     """Predictions for every observation from a model fitted without its group (all rows of a
     group are held out together; n_folds groups several groups into one fold)."""
@@ -88,17 +88,18 @@ def cross_validate(obs: Sequence[Observation], key: Callable[[Observation], str]
     out = []
     for fold in sorted(set(folds.values())):
         train = [o for o in obs if folds[key(o)] != fold]
-        model = PredictorModel(_fit(train, "decode", screen, exclude, brief),
-                               _fit(train, "prefill", screen, exclude, brief), "cv")
+        model = PredictorModel(_fit(train, "decode", screen, exclude, brief, rates),
+                               _fit(train, "prefill", screen, exclude, brief, rates), "cv")
         out += [(o, core.predict_scenario(o.scenario, model)) for o in obs if folds[key(o)] == fold]
     return out
 
 
 def _fit(train: Sequence[Observation], phase: str, screen: bool,
-         exclude: Sequence[str] = (), brief: str = "default") -> ResidualModel:
+         exclude: Sequence[str] = (), brief: str = "default",
+         rates: str = "default") -> ResidualModel:
     if not any(o.metric == training.PHASE_METRIC[phase] for o in train):
         return _ZERO
-    names = [n for n in features.candidate_names(phase, brief) if n not in exclude]
+    names = [n for n in features.candidate_names(phase, brief, rates) if n not in exclude]
     return training.fit_phase(train, phase, candidates=names, screen=screen, band=False)
 
 

@@ -19,6 +19,15 @@ BRIEF_FEATURES = ("lambda_mem", "lambda_comp", "lambda_quant", "lambda_all")
 # vs 26.5%, where lambda_comp ~ thread count extrapolates badly) and gain 1.3 on llmfit; for
 # prefill they help a little (10.6% vs 10.9%).
 BRIEF_PHASES = ("prefill",)
+# The device's compute rate as residual features. Decode leaves them out by default: on a CPU
+# they move with the thread count a run uses, and with one CPU machine in the data the residual
+# then extrapolates the thread effect instead of leaving it to the analytic base (whose compute
+# time is the threads' share of the machine's rate). Held-out ablation, 2026-12-04 (`tightfit
+# predictor evaluate --split device` with and without `--decode-rate-features`,
+# docs/predictor.md): decode without them 16.8% vs 20.4% overall, tightfit's own data 12.2% vs
+# 19.5%, llmfit 21.1% vs 22.7%, Apple 7.7% vs 10.0%.
+RATE_FEATURES = ("log_tflops", "log_flops_per_byte", "share_compute")
+RATE_PHASES = ("prefill",)
 
 
 def lambda_mem(bandwidth_gbps: float) -> float:
@@ -67,14 +76,19 @@ def features(s: Scenario, b: Breakdown, phase: str) -> dict[str, float]:
     return f
 
 
-def candidate_names(phase: str, brief: str = "default") -> list[str]:
+def candidate_names(phase: str, brief: str = "default", rates: str = "default") -> list[str]:
     """Candidate features for screening: all of them, less the brief's factors where the
     ablation found they do not help ("default"), or with them forced in ("all") or out
-    ("none")."""
+    ("none"); likewise the device compute-rate features (`rates`: "default" = prefill only,
+    "all" = every phase)."""
     if brief not in ("default", "all", "none"):
         raise ValueError(f"brief must be default, all or none, not {brief!r}")
+    if rates not in ("default", "all"):
+        raise ValueError(f"rates must be default or all, not {rates!r}")
     keep = brief == "all" or (brief == "default" and phase in BRIEF_PHASES)
-    return [n for n in feature_names(phase) if keep or n not in BRIEF_FEATURES]
+    keep_rates = rates == "all" or phase in RATE_PHASES
+    return [n for n in feature_names(phase) if (keep or n not in BRIEF_FEATURES)
+            and (keep_rates or n not in RATE_FEATURES)]
 
 
 def feature_names(phase: str) -> list[str]:

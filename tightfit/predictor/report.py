@@ -19,7 +19,7 @@ BRIEF = features.BRIEF_FEATURES
 
 def run(splits: tuple[str, ...] = ("device", "model"), screen: bool = True,
         model_folds: int = 10, exclude: tuple[str, ...] = (), brief: str = "default",
-        measurements: tuple[str, ...] = ()) -> dict[str, Any]:
+        measurements: tuple[str, ...] = (), rates: str = "default") -> dict[str, Any]:
     """`measurements`: tightfit dataset files (JSONL) whose single-stream runs join the shared
     tables; their device is this machine at the thread count used."""
     obs, rules = datasets.load_all()
@@ -29,7 +29,7 @@ def run(splits: tuple[str, ...] = ("device", "model"), screen: bool = True,
         rules.update({f"tightfit data: {k}": v for k, v in own_rules.items()})
     out: dict[str, Any] = {"rules": dict(rules), "n_observations": len(obs),
                            "screen": screen, "excluded_features": list(exclude),
-                           "brief_factors": brief}
+                           "brief_factors": brief, "rate_features": rates}
     out["naive"] = {k: evaluate.summarise_naive(obs, v) for k, v in SOURCES.items()}
     base = evaluate.analytic_only(obs)
     out["analytic"] = {k: evaluate.summarise(base, v) for k, v in SOURCES.items()}
@@ -38,7 +38,7 @@ def run(splits: tuple[str, ...] = ("device", "model"), screen: bool = True,
         key = evaluate.device_key if split == "device" else evaluate.by_model
         folds = None if split == "device" else model_folds
         pairs = evaluate.cross_validate(obs, key, screen=screen, n_folds=folds, exclude=exclude,
-                                        brief=brief)
+                                        brief=brief, rates=rates)
         pairs_by_split[split] = pairs
         out[f"held_out_{split}"] = {k: evaluate.summarise(pairs, v) for k, v in SOURCES.items()}
         if split == "device":
