@@ -227,15 +227,20 @@ def _int8x2_rows(x: torch.Tensor, packed: List[torch.classes.quantized.LinearPac
     z[m:, :k] = lo / b
     z[:, k] = 1.0
     z[:, k + 1] = -1.0
+    y = int8x2_gemm(z, packed, levels)
+    return torch.addcmul(y[:m] * a, y[m:], a * b)
+
+
+def int8x2_gemm(z: torch.Tensor, packed: List[torch.classes.quantized.LinearPackedParamsBase],
+                levels: float) -> torch.Tensor:
+    """fbgemm's int8 GEMM of the split rows z [2m, in+2] with every packed output-row block."""
     reduce_range = levels < 200.0
     if len(packed) == 1:
-        y = torch.ops.quantized.linear_dynamic(z, packed[0], reduce_range)
-    else:
-        ys: List[torch.Tensor] = []
-        for p in packed:
-            ys.append(torch.ops.quantized.linear_dynamic(z, p, reduce_range))
-        y = torch.cat(ys, dim=1)
-    return torch.addcmul(y[:m] * a, y[m:], a * b)
+        return torch.ops.quantized.linear_dynamic(z, packed[0], reduce_range)
+    ys: List[torch.Tensor] = []
+    for p in packed:
+        ys.append(torch.ops.quantized.linear_dynamic(z, p, reduce_range))
+    return torch.cat(ys, dim=1)
 
 
 class _PackedLinear(nn.Module):
