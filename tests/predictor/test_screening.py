@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from tightfit.predictor import models, screening
 
 
@@ -82,8 +84,6 @@ def test_brief_factors_are_candidates_only_where_the_ablation_kept_them() -> Non
 def test_device_rate_features_are_left_out_of_decode_unless_asked_for() -> None:
     """Decode's residual does not see the compute-rate features (they move with a CPU run's
     thread count; the analytic base carries that), prefill's does; the ablation puts them back."""
-    import pytest
-
     from tightfit.predictor import features
 
     rates = set(features.RATE_FEATURES)

@@ -22,10 +22,10 @@ BRIEF_PHASES = ("prefill",)
 # The device's compute rate as residual features. Decode leaves them out by default: on a CPU
 # they move with the thread count a run uses, and with one CPU machine in the data the residual
 # then extrapolates the thread effect instead of leaving it to the analytic base (whose compute
-# time is the threads' share of the machine's rate). Held-out ablation, 2026-12-04 (`tightfit
-# predictor evaluate --split device` with and without `--decode-rate-features`,
-# docs/predictor.md): decode without them 16.8% vs 20.4% overall, tightfit's own data 12.2% vs
-# 19.5%, llmfit 21.1% vs 22.7%, Apple 7.7% vs 10.0%.
+# time is the threads' share of the machine's rate). Held-out ablation on the one-sitting
+# dataset, 2026-12-04 12:47 (`tightfit predictor evaluate --split device` with and without
+# `--decode-rate-features`, docs/predictor.md): decode without them 15.7% vs 20.5% overall,
+# tightfit's own data 10.3% vs 20.7%, llmfit 20.0% vs 22.3%; Apple 9.6% vs 9.3% (a little worse).
 RATE_FEATURES = ("log_tflops", "log_flops_per_byte", "share_compute")
 RATE_PHASES = ("prefill",)
 
