@@ -180,12 +180,14 @@ def test_fused_projection_with_awq_input_scales(kind):
     assert torch.equal(proj(x).float(), lin(x))
 
 
-@pytest.mark.parametrize("shape", [(1536, 576, 1), (9000, 96, 3), (100, 640, 300)])
+@pytest.mark.parametrize("shape", [(1536, 576, 1), (9000, 96, 3), (100, 640, 300),
+                                   (1536, 576, 700), (64, 32, 0)])
 def test_int8x2_split_and_combine_equal_the_plain_int8x2_linear(shape, monkeypatch):
     """The fused split / join around fbgemm's int8 GEMM give the plain int8x2_linear's result
-    bit for bit: rows of very different magnitude, several packed weight blocks, many rows."""
+    bit for bit: rows of very different magnitude, several packed weight blocks, many rows
+    (700: several row blocks, each split and joined across threads), and none. The eager module (the
+    prefill path) takes the fused ops once the kernels are loaded."""
     from tightfit.engine.quant import linear
-    from tightfit.engine.scripted import _int8x2_fused
 
     out_f, in_f, m = shape
     if m == 3:  # force several packed output-row blocks
@@ -195,7 +197,8 @@ def test_int8x2_split_and_combine_equal_the_plain_int8x2_linear(shape, monkeypat
     assert m != 3 or len(lin.packed) > 1
     x = torch.randn(m, in_f, generator=g) * torch.logspace(-3, 3, m).unsqueeze(1)
     ref = linear.int8x2_linear(x, lin.packed, lin.levels)
-    assert torch.equal(torch.jit.script(_int8x2_fused)(x, lin.packed, lin.levels), ref)
+    assert torch.equal(torch.jit.script(linear.int8x2_fused_linear)(x, lin.packed, lin.levels), ref)
+    assert kernels.loaded() and torch.equal(lin(x), ref)
 
 
 def test_int8x2_combine_refuses_mismatched_rows():

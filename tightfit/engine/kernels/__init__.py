@@ -29,6 +29,11 @@ OPS = ("rms_norm_to", "residual_norm", "rope_write_kv", "decode_attention", "gat
        "int8x2_split", "int8x2_combine")
 
 
+def loaded() -> bool:
+    """True when an earlier `load()` made the ops usable (never builds or loads anything)."""
+    return _state.get("ok") is True
+
+
 def enabled() -> bool:
     return os.environ.get("TIGHTFIT_KERNELS", "1").strip().lower() not in ("0", "false", "no",
                                                                            "off")

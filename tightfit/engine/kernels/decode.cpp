@@ -402,6 +402,10 @@ Tensor gated_act(const Tensor& gu, int64_t inter, bool gelu, bool bf16) {
   return out;
 }
 
+// At least this many elements per thread when int8x2_split / int8x2_combine share out rows: a
+// decode step's few rows run inline, a prefill chunk's go to all threads.
+constexpr int64_t kRowGrainElems = 1 << 15;
+
 // int8x2_linear's activation split (quant/linear.py, same formulas in the same order): per row
 // a = max|x|; xn = x / a; hi = clamp(round(xn * half), +-top) / half; lo = xn - hi;
 // b = max|lo| * (half / top); z = [hi rows; lo / b rows] with the +1 / -1 anchor columns.
@@ -417,28 +421,38 @@ std::tuple<Tensor, Tensor, Tensor> int8x2_split(const Tensor& x, double levels) 
   Tensor a = at::empty({m, 1}, x.options());
   Tensor ab = at::empty({m, 1}, x.options());
   float* zp = z.data_ptr<float>();
-  for (int64_t r = 0; r < m; ++r) {
-    const float* xr = x.data_ptr<float>() + r * x.stride(0);
-    float* hi = zp + r * (k + 2);
-    float* lo = zp + (m + r) * (k + 2);
-    float amax = 0.f;
-    for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(xr[i]));
-    const float ar = std::max(amax, 1e-30f);
-    float lmax = 0.f;
-    for (int64_t i = 0; i < k; ++i) {
-      const float xn = xr[i] / ar;
-      const float h = std::min(std::max(std::nearbyint(xn * half), -top), top) / half;
-      hi[i] = h;
-      lo[i] = xn - h;
-      lmax = std::max(lmax, std::fabs(lo[i]));
+  const float* xp = x.data_ptr<float>();
+  float* ap = a.data_ptr<float>();
+  float* abp = ab.data_ptr<float>();
+  const int64_t xs = x.stride(0);
+  auto rows = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = xp + r * xs;
+      float* hi = zp + r * (k + 2);
+      float* lo = zp + (m + r) * (k + 2);
+      float amax = 0.f;
+#pragma omp simd reduction(max : amax)
+      for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(xr[i]));
+      const float ar = std::max(amax, 1e-30f);
+      float lmax = 0.f;
+#pragma omp simd reduction(max : lmax)
+      for (int64_t i = 0; i < k; ++i) {
+        const float xn = xr[i] / ar;
+        const float h = std::min(std::max(std::nearbyint(xn * half), -top), top) / half;
+        hi[i] = h;
+        lo[i] = xn - h;
+        lmax = std::max(lmax, std::fabs(xn - h));
+      }
+      const float b = std::max(lmax, 1e-30f) * widen;
+#pragma omp simd
+      for (int64_t i = 0; i < k; ++i) lo[i] = lo[i] / b;
+      hi[k] = lo[k] = 1.f;
+      hi[k + 1] = lo[k + 1] = -1.f;
+      ap[r] = ar;
+      abp[r] = ar * b;
     }
-    const float b = std::max(lmax, 1e-30f) * widen;
-    for (int64_t i = 0; i < k; ++i) lo[i] = lo[i] / b;
-    hi[k] = lo[k] = 1.f;
-    hi[k + 1] = lo[k + 1] = -1.f;
-    a.data_ptr<float>()[r] = ar;
-    ab.data_ptr<float>()[r] = ar * b;
-  }
+  };
+  at::parallel_for(0, m, std::max<int64_t>(1, kRowGrainElems / std::max<int64_t>(k, 1)), rows);
   return {z, a, ab};
 }
 
@@ -453,14 +467,22 @@ Tensor int8x2_combine(const Tensor& y, const Tensor& a, const Tensor& ab) {
               "y has ", y.size(0), " rows for ", a.numel(), " inputs (need twice as many)");
   Tensor ac = a.contiguous(), abc = ab.contiguous();
   Tensor out = at::empty({m, n}, y.options());
-  for (int64_t r = 0; r < m; ++r) {
-    const float* yh = y.data_ptr<float>() + r * y.stride(0);
-    const float* yl = y.data_ptr<float>() + (m + r) * y.stride(0);
-    const float ar = ac.data_ptr<float>()[r], abr = abc.data_ptr<float>()[r];
-    float* o = out.data_ptr<float>() + r * n;
+  const float* yp = y.data_ptr<float>();
+  const float* acp = ac.data_ptr<float>();
+  const float* abcp = abc.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t ys = y.stride(0);
+  at::parallel_for(0, m, std::max<int64_t>(1, kRowGrainElems / std::max<int64_t>(n, 1)),
+                   [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* yh = yp + r * ys;
+      const float* yl = yp + (m + r) * ys;
+      const float ar = acp[r], abr = abcp[r];
+      float* o = op + r * n;
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) o[i] = std::fma(yl[i], abr, yh[i] * ar);
-  }
+      for (int64_t i = 0; i < n; ++i) o[i] = std::fma(yl[i], abr, yh[i] * ar);
+    }
+  });
   return out;
 }
 
