@@ -39,3 +39,15 @@ def test_microbench_cache_policy(monkeypatch, tmp_path):
     quiet = fp._microbench(path, refresh=False)  # load 3.0: quieter, re-measured, best kept
     assert (quiet["memory_bandwidth_gbps"], quiet["matmul_gflops"]) == (20.0, 100.0)
     assert quiet["microbench_load_avg_1m"] == 3.0 and len(calls) == 2
+
+
+def test_the_run_probe_measures_and_averages_before_and_after():
+    one = fp.probe_in_child(1)  # a child process: the caller's peak RSS never sees its arrays
+    assert one["matmul_gflops"] > 0 and one["bandwidth_gbps"] > 0
+    before, after = {"matmul_gflops": 100.0, "bandwidth_gbps": 10.0}, \
+        {"matmul_gflops": 200.0, "bandwidth_gbps": 20.0}
+    assert fp.probe_fields(before, after) == {"probe_matmul_gflops": 150.0,
+                                              "probe_bandwidth_gbps": 15.0}
+    assert fp.probe_fields(None, after)["probe_matmul_gflops"] == 200.0  # one probe failed
+    assert fp.probe_fields(None, None) == {"probe_matmul_gflops": None,
+                                           "probe_bandwidth_gbps": None}

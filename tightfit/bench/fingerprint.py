@@ -1,7 +1,9 @@
 """Hardware and software fingerprint recorded with every run: CPU model and flags, cores, memory,
 measured copy bandwidth and fp32 matmul rate (short numpy micro-benchmarks, cached per machine in
 `~/.cache/tightfit/fingerprint-<machine_id>.json`), GPU through NVML when present, library
-versions, and the load average (contention) at the time of the run.
+versions, the load average (contention) at the time of the run, and a short probe of the GEMM and
+copy rates on the run's own threads taken just before and after it (`probe`: a VM's cores are not
+always as fast as when the cached figures were taken).
 
 The micro-benchmarks measure what numpy sees with all cores; under contention they read low, so
 the load average at the time they ran is kept next to them (`--refresh-fingerprint` re-measures).
@@ -87,6 +89,66 @@ def measure_matmul_gflops(n: int = 1024, repeats: int = 3) -> float:
     return round(2 * n**3 / best / 1e9, 1)
 
 
+PROBE_SECONDS = 0.12  # GEMM timing per probe; taken before and after each run
+
+
+def probe(threads: int, seconds: float = PROBE_SECONDS) -> dict[str, float]:
+    """The machine's state around one run: the median rate of a 512^3 fp32 numpy GEMM on the
+    run's own thread count over `seconds`, and the copy rate as the cached fingerprint takes it
+    (`measure_bandwidth_gbps`, best of 3). On a VM the cached figures are not the whole story:
+    here a 2-thread GEMM read ~145 GFLOP/s for minutes, then ~200 (the host's load on the second
+    vCPU), and a 512-token int8 prefill ~455 vs ~620 tok/s with it (correlation 0.76 over 16
+    alternating probes and prefills). Allocates ~0.5 GB: the bench runs it in a child process
+    (`probe_in_child`) so the measured process's peak RSS never sees it."""
+    import numpy as np
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((512, 512), dtype=np.float32)
+    b = rng.standard_normal((512, 512), dtype=np.float32)
+    with threadpool_limits(limits=max(1, threads)):
+        a @ b  # thread start-up
+        gemm = _median_time(lambda: a @ b, seconds)
+    return {"matmul_gflops": 2 * 512**3 / gemm / 1e9,
+            "bandwidth_gbps": measure_bandwidth_gbps(repeats=3)}
+
+
+def probe_in_child(threads: int, timeout_s: float = 60.0) -> dict[str, float] | None:
+    """`probe` in a fresh Python process (its memory stays out of the caller's peak RSS);
+    None if it fails or times out."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from tightfit.bench.fingerprint import probe; "
+            "print(json.dumps(probe(int(sys.argv[1]))))")
+    try:
+        done = subprocess.run([sys.executable, "-c", code, str(max(1, threads))],
+                              capture_output=True, text=True, timeout=timeout_s, check=True)
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        return {k: float(got[k]) for k in ("matmul_gflops", "bandwidth_gbps")}
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError):
+        return None
+
+
+def _median_time(fn: Any, seconds: float) -> float:
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < 3 or time.perf_counter() - start < seconds:
+        times.append(_timed(fn))
+    return sorted(times)[len(times) // 2]
+
+
+def probe_fields(before: dict[str, float] | None, after: dict[str, float] | None
+                 ) -> dict[str, float | None]:
+    """The row's `probe_*` fields: the mean of the probes before and after the run (either
+    alone if the other failed; None without any)."""
+    got = [p for p in (before, after) if p]
+    if not got:
+        return {"probe_matmul_gflops": None, "probe_bandwidth_gbps": None}
+    return {f"probe_{k}": round(sum(p[k] for p in got) / len(got), 1)
+            for k in ("matmul_gflops", "bandwidth_gbps")}
+
+
 def _timed(fn: Any) -> float:
     t0 = time.perf_counter()
     fn()
@@ -148,9 +210,10 @@ def _microbench(path: Path, refresh: bool) -> dict[str, Any]:
 
 
 def for_run(base: dict[str, Any], threads: int, load_avg: float | None,
-            other_cores: float | None) -> dict[str, Any]:
+            other_cores: float | None, probed: dict[str, Any] | None = None) -> dict[str, Any]:
     return {**base, "threads_used": threads, "load_avg_1m": load_avg,
-            "other_cpu_cores_mean": None if other_cores is None else round(other_cores, 3)}
+            "other_cpu_cores_mean": None if other_cores is None else round(other_cores, 3),
+            **(probed or probe_fields(None, None))}
 
 
 def git_commit() -> str | None:

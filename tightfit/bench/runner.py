@@ -272,7 +272,8 @@ def _measurement(task: Task, ctx: RunContext, workload: Workload | None, event: 
     return Measurement.model_validate(dict(
         id=uuid.uuid4().hex, run_key=task.run_key, sweep=task.sweep, created_at=utc_now(),
         status=status, error=error, contended=contended,
-        hardware=fingerprint.for_run(ctx.machine, task.options.threads, load, others),
+        hardware=fingerprint.for_run(ctx.machine, task.options.threads, load, others,
+                                     event.get("probe")),
         software=ctx.software, model=model, config=config,
         workload=workload.describe() if workload else None, results=results))
 

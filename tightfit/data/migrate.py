@@ -31,6 +31,13 @@ def _register_builtin() -> None:
             row["results"] = {**row["results"], "load_peak_rss_mib": None}
         return row
 
+    @register(3)
+    def v3_to_v4(row: Row) -> Row:
+        """v4 probes the GEMM and copy rates around each run (explicit null before)."""
+        row["hardware"] = {**row["hardware"], "probe_matmul_gflops": None,
+                           "probe_bandwidth_gbps": None}
+        return row
+
 
 def register(from_version: int) -> Callable[[Callable[[Row], Row]], Callable[[Row], Row]]:
     def deco(fn: Callable[[Row], Row]) -> Callable[[Row], Row]:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 Status = Literal["ok", "failed"]
 
 
@@ -55,6 +55,12 @@ class Hardware(_Strict):
     gpu_memory_gib: float | None = na("GPU memory through NVML, GiB (null: no GPU)")
     gpu_count: int = plain("number of NVML GPUs", 0)
     load_avg_1m: float | None = key("1-min load average at the start of this run (contention)")
+    probe_matmul_gflops: float | None = na(
+        "fp32 GEMM rate (512^3 numpy, median over ~0.1 s) on the run's threads, mean of probes "
+        "just before and after the run (null: rows before schema version 4)")
+    probe_bandwidth_gbps: float | None = na(
+        "copy rate (256 MiB numpy, read + write bytes, best of 3), mean of probes just before "
+        "and after the run (null: rows before schema version 4)")
     other_cpu_cores_mean: float | None = plain(
         "CPU cores kept busy by other processes during the run (system busy time minus this "
         "backend's own CPU time, per second of the run)")
