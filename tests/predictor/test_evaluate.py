@@ -37,3 +37,18 @@ def test_held_out_device_beats_naive_and_analytic_on_apple() -> None:
         assert held[metric]["mape"] < base[metric]["mape"] < naive[metric]["mape"]
     assert held["decode_tok_s"]["mape"] < 12
     assert held["prefill_tok_s"]["mape"] < 10
+
+
+def test_an_own_run_is_described_by_its_probe_where_it_has_one() -> None:
+    """Schema-4 rows: compute is the GEMM probed around the run on its own threads; older rows
+    get their share of the cached all-core rate. Bandwidth is the cached figure either way."""
+    from types import SimpleNamespace
+
+    hw = dict(threads_used=1, cpu_cores_physical=2, cpu_threads_logical=2, matmul_gflops=200.0,
+              memory_bandwidth_gbps=25.0, memory_total_gib=24.0, cpu_model="CPU",
+              machine_id="m", probe_bandwidth_gbps=18.0)
+    probed = datasets.own_device(SimpleNamespace(**hw, probe_matmul_gflops=140.0))
+    cached = datasets.own_device(SimpleNamespace(**hw, probe_matmul_gflops=None))
+    assert probed.fp16_tflops == pytest.approx(0.140) and cached.fp16_tflops == pytest.approx(0.1)
+    assert probed.bandwidth_gbps == cached.bandwidth_gbps == 25.0
+    assert probed.name == cached.name  # one device key: the held-out split is unchanged
