@@ -90,6 +90,7 @@ def measure_matmul_gflops(n: int = 1024, repeats: int = 3) -> float:
 
 
 PROBE_SECONDS = 0.12  # GEMM timing per probe; taken before and after each run
+PROBED = ("matmul_gflops", "bandwidth_gbps")  # what `probe` returns; rows keep them as probe_*
 
 
 def probe(threads: int, seconds: float = PROBE_SECONDS) -> dict[str, float]:
@@ -125,7 +126,7 @@ def probe_in_child(threads: int, timeout_s: float = 60.0) -> dict[str, float] | 
         done = subprocess.run([sys.executable, "-c", code, str(max(1, threads))],
                               capture_output=True, text=True, timeout=timeout_s, check=True)
         got = json.loads(done.stdout.strip().splitlines()[-1])
-        return {k: float(got[k]) for k in ("matmul_gflops", "bandwidth_gbps")}
+        return {k: float(got[k]) for k in PROBED}
     except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError):
         return None
 
@@ -143,10 +144,8 @@ def probe_fields(before: dict[str, float] | None, after: dict[str, float] | None
     """The row's `probe_*` fields: the mean of the probes before and after the run (either
     alone if the other failed; None without any)."""
     got = [p for p in (before, after) if p]
-    if not got:
-        return {"probe_matmul_gflops": None, "probe_bandwidth_gbps": None}
-    return {f"probe_{k}": round(sum(p[k] for p in got) / len(got), 1)
-            for k in ("matmul_gflops", "bandwidth_gbps")}
+    return {f"probe_{k}": round(sum(p[k] for p in got) / len(got), 1) if got else None
+            for k in PROBED}
 
 
 def _timed(fn: Any) -> float:

@@ -86,7 +86,8 @@ class Worker:
         requests = [BenchRequest(**{**r, "prompt_ids": tuple(r["prompt_ids"])})
                     for r in task["requests"]]
         load = round(os.getloadavg()[0], 2)
-        before = _probe(backend.options.threads)
+        # the machine's state around the run, in a child process (out of this worker's peak RSS)
+        before = fingerprint.probe_in_child(backend.options.threads)
         busy0, own0, t0 = _busy_s(), _own_cpu_s(backend), time.perf_counter()
         try:
             timings = backend.run(requests, Arrival(**task["arrival"]))
@@ -97,18 +98,13 @@ class Worker:
         wall = time.perf_counter() - t0
         others = (max(0.0, (_busy_s() - busy0) - (_own_cpu_s(backend) - own0)) / wall
                   if wall > 0 else None)
-        probed = fingerprint.probe_fields(before, _probe(backend.options.threads))
+        probed = fingerprint.probe_fields(before,
+                                          fingerprint.probe_in_child(backend.options.threads))
         self.emit(event="task_done", key=task["key"], status="ok", probe=probed,
                   timings=[dataclasses.asdict(t) for t in timings], run_config=backend.run_config(),
                   load_avg_1m=load, other_cpu_cores=others, peak_rss_mib=peak_rss_mib(backend),
                   load_time_s=backend.load_time_s, weight_bytes=backend.weight_bytes(),
                   load_peak_rss_mib=self.load_peak)
-
-
-def _probe(threads: int | None) -> dict[str, float] | None:
-    """fingerprint.probe on the run's threads, in a child process (its arrays stay out of this
-    worker's peak RSS); None (recorded as null) if it fails."""
-    return fingerprint.probe_in_child(threads or 1)
 
 
 def _describe(exc: BaseException) -> str:

@@ -236,7 +236,7 @@ def own_device(hw: Any) -> DeviceSpec:
     made own-data decode worse (10.9% vs 9.1% MAPE), so it is recorded, not used."""
     cores = hw.threads_used or hw.cpu_cores_physical or 1
     every = hw.cpu_threads_logical or cores
-    gflops = getattr(hw, "probe_matmul_gflops", None) or (
+    gflops = hw.probe_matmul_gflops or (
         hw.matmul_gflops * min(1.0, cores / every) if hw.matmul_gflops else 50.0 * cores)
     bw = hw.memory_bandwidth_gbps or 20.0
     return DeviceSpec(f"{hw.cpu_model} x{cores} ({hw.machine_id})", "cpu",
