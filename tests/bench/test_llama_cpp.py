@@ -64,7 +64,8 @@ def test_peak_rss_of_another_process():
 
 def test_llamacpp_suite_judges_each_target_against_its_own_baseline(simulated_compare_rows):
     rows = simulated_compare_rows({"tightfit": 30.0, "tightfit-serve": 20.0, "llamacpp": 25.0,
-                                    "llama-server": 40.0})
+                                    "llama-server": 40.0, "tightfit-lite": 70.0,
+                                    "tightfit-lite-serve": 50.0})
     comp = compare.collect(rows, "default", 2, compare.LLAMACPP_SUITE)
     compare.add_llama_bench(comp, [BenchFigure("pp512", 180.0, 2.0, 3),
                                    BenchFigure("tg128", 60.0, 1.0, 3)], "llama-bench: test")
@@ -75,12 +76,18 @@ def test_llamacpp_suite_judges_each_target_against_its_own_baseline(simulated_co
     assert v["aggregate_tok_s"] is False  # tightfit server at 20 tok/s/stream vs 40
     assert v["peak_rss_mib"] is not None
     assert set(comp.to_json()["targets"]) == {"decode_tok_s", "aggregate_tok_s", "peak_rss_mib"}
+    # the same targets on the lite runtime's columns
+    lite = comp.verdicts(alt=True)
+    assert lite["decode_tok_s"] is True and lite["aggregate_tok_s"] is True
+    assert comp.alt_ratio("decode_tok_s") == pytest.approx(70.0 / 60.0)
+    assert comp.to_json()["lite_targets"]["aggregate_tok_s"]["column"] == "tightfit-lite-serve"
     from rich.console import Console
 
     console = Console(width=200, record=True)
     console.print(compare_table(comp))
     text = console.export_text()
-    for head in ("llama-bench", "llama-server", "llama-cpp-python", "tightfit serve"):
+    for head in ("llama-bench", "llama-server", "llama-cpp-python", "tightfit serve",
+                 "lite serve", "lite ratio"):
         assert head in text
     assert ">= 1x llama-bench tg" in text and "<= 1.2x llama-cpp-python" in text
 
@@ -92,6 +99,7 @@ def test_llamacpp_suite_runs_each_backend_on_its_scenarios():
         by.setdefault(t.backend, []).append(t.scenario)
         assert t.options.quant == "native"
     assert by["llama-server"] == ["concurrent-16"] and by["tightfit-serve"] == ["concurrent-16"]
+    assert by["tightfit-lite-serve"] == ["concurrent-16"] and "decode" in by["tightfit-lite"]
     assert "concurrent-16" not in by["llamacpp"]  # its Python API serves one sequence at a time
 
 
@@ -140,6 +148,41 @@ def test_tightfit_serve_runs_as_its_own_process():
     assert b.proc.poll() is not None
 
 
+def test_lite_backends_run_without_torch_in_the_serving_process():
+    """The lite runtime in the bench: in process (through the worker, as `tightfit bench` runs
+    it) and as `tightfit serve --runtime lite`, whose process must not map libtorch."""
+    from pathlib import Path
+
+    from tightfit.bench.backends.base import BackendOptions
+    from tightfit.bench.backends.llama_server_backend import LiteServeBackend
+    from tightfit.bench.runner import Callbacks, RunContext, Task, run_tasks
+    from tightfit.bench.workloads import Arrival, BenchRequest, Overrides
+
+    got = []
+    task = Task("tightfit-lite", BackendOptions(quant="native", threads=1, max_num_seqs=4,
+                                                max_model_len=256), "decode",
+                Overrides(num_requests=2, output_tokens=4), sweep="test")
+    run_tasks([task], RunContext.gather(), Callbacks(result=lambda m, t: got.append(m)))
+    (m,) = got
+    assert m.status == "ok", m.error
+    assert m.config.engine == "tightfit-lite" and m.config.kv_dtype == "f16"
+    assert m.results.decode_tok_s > 0 and m.results.peak_rss_mib < 400
+
+    b = LiteServeBackend(BackendOptions(quant="native", threads=1, max_num_seqs=4,
+                                        max_model_len=256))
+    b.load()
+    try:
+        maps = Path(f"/proc/{b.server_pid()}/maps").read_text()
+        assert "libtorch" not in maps
+        reqs = [BenchRequest(i, tuple(range(300 + i, 320 + i)), 4, None, 0) for i in range(3)]
+        ts = b.run(reqs, Arrival("closed", concurrency=3))
+        assert [t.output_tokens for t in ts] == [4, 4, 4] and all(t.error is None for t in ts)
+    finally:
+        b.close()
+    with pytest.raises(TightfitError, match="own weights"):
+        LiteServeBackend(BackendOptions(quant="int8", threads=1)).command(8000)
+
+
 def test_a_server_that_cannot_start_is_a_clear_error():
     from tightfit.bench.backends.base import BackendOptions
     from tightfit.bench.backends.llama_server_backend import TightfitServeBackend
@@ -149,13 +192,14 @@ def test_a_server_that_cannot_start_is_a_clear_error():
         b.load()
 
 
-def test_no_script_reaches_every_tightfit_backend_and_only_them():
+def test_no_script_reaches_every_torch_engine_backend_and_only_them():
     from tightfit.bench.backends.llama_server_backend import TightfitServeBackend
 
     tasks = compare.compare_tasks(None, 2, True, suite=compare.LLAMACPP_SUITE,
                                   scripted_decode=False)
     for t in tasks:
-        expected = {"scripted_decode": False} if t.backend.startswith("tightfit") else {}
+        torch_engine = t.backend in ("tightfit", "tightfit-serve")
+        expected = {"scripted_decode": False} if torch_engine else {}
         assert t.options.extra == expected, t.backend
     serve = next(t for t in tasks if t.backend == "tightfit-serve")
     assert "--no-script" in TightfitServeBackend(serve.options).command(8000)

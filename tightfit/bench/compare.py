@@ -79,6 +79,9 @@ class Suite:
     plan: dict[str, tuple[str, ...]]  # backend -> scenarios it runs
     targets: dict[str, Target]
     base: str  # the column ratios are taken against for metrics without a target
+    # the same targets judged on a second engine's columns (the lite runtime), shown beside
+    alt: dict[str, Target] = field(default_factory=dict)
+    alt_label: str = ""
 
 
 _ALL = ("decode", "ttft", "prefill", "concurrent-16")
@@ -98,9 +101,11 @@ LLAMACPP_SUITE = Suite(
     "llamacpp", "tightfit vs llama.cpp — {model}, {threads} threads, the file's own weights",
     "native",
     (("tightfit", "tightfit"), ("tightfit-serve", "tightfit serve"),
+     ("tightfit-lite", "lite"), ("tightfit-lite-serve", "lite serve"),
      (LLAMA_BENCH, "llama-bench"), ("llamacpp", "llama-cpp-python"),
      ("llama-server", "llama-server")),
-    {"tightfit": _ALL, "tightfit-serve": ("concurrent-16",),
+    {"tightfit": _ALL, "tightfit-serve": ("concurrent-16",), "tightfit-lite": _ALL,
+     "tightfit-lite-serve": ("concurrent-16",),
      "llamacpp": ("decode", "ttft", "prefill"), "llama-server": ("concurrent-16",)},
     {t.metric: t for t in (
         Target("decode_tok_s", "ratio_min", 1.0, base=LLAMA_BENCH, base_label="llama-bench tg"),
@@ -108,7 +113,15 @@ LLAMACPP_SUITE = Suite(
                base_label="llama-server"),
         Target("peak_rss_mib", "ratio_max", 1.2, base="llamacpp",
                base_label="llama-cpp-python"))},
-    "llamacpp")
+    "llamacpp",
+    {t.metric: t for t in (
+        Target("decode_tok_s", "ratio_min", 1.0, ours="tightfit-lite", base=LLAMA_BENCH,
+               base_label="llama-bench tg"),
+        Target("aggregate_tok_s", "ratio_min", 1.0, ours="tightfit-lite-serve",
+               base="llama-server", base_label="llama-server"),
+        Target("peak_rss_mib", "ratio_max", 1.2, ours="tightfit-lite", base="llamacpp",
+               base_label="llama-cpp-python"))},
+    "lite")
 
 SUITES = {s.name: s for s in (HF_SUITE, LLAMACPP_SUITE)}
 TARGETS = HF_SUITE.targets  # kept for callers that knew only the HF comparison
@@ -129,7 +142,7 @@ def compare_tasks(model: str | None, threads: int, quick: bool,
     chosen = [b for b in (backends if backends is not None else suite.plan) if b != LLAMA_BENCH]
     def options(backend: str) -> BackendOptions:
         extra: dict[str, bool] = {}
-        if backend.startswith("tightfit"):
+        if backend in ("tightfit", "tightfit-serve", "tightfit-http"):
             if compile_decode:
                 extra["compile_decode"] = True
             if not scripted_decode:
@@ -164,19 +177,32 @@ class Comparison:
         base = self.values.get(base_col, {}).get(metric)
         return ours / base if ours is not None and base else None
 
-    def verdicts(self) -> dict[str, bool | None]:
-        out = {}
-        for k, t in self.suite.targets.items():
-            out[k] = t.met(self.values.get(t.ours, {}).get(k), self.values.get(t.base, {}).get(k))
-        return out
+    def verdicts(self, alt: bool = False) -> dict[str, bool | None]:
+        """Each target met or not (None: a column is missing); `alt`: the suite's second
+        engine's."""
+        targets = self.suite.alt if alt else self.suite.targets
+        return {k: t.met(self.values.get(t.ours, {}).get(k), self.values.get(t.base, {}).get(k))
+                for k, t in targets.items()}
+
+    def alt_ratio(self, metric: str) -> float | None:
+        t = self.suite.alt.get(metric)
+        if t is None or t.kind == "abs_max":
+            return None
+        ours = self.values.get(t.ours, {}).get(metric)
+        base = self.values.get(t.base, {}).get(metric)
+        return ours / base if ours is not None and base else None
 
     def to_json(self) -> dict[str, Any]:
-        verdicts = self.verdicts()
-        return {"suite": self.suite.name, "model": self.model, "threads": self.threads,
-                "values": self.values, "ratios": {m.key: self.ratio(m.key) for m in METRICS},
-                "targets": {k: {"target": t.describe(), "met": verdicts[k]}
-                            for k, t in self.suite.targets.items()},
-                "errors": self.errors, "notes": self.notes, "load_avg_1m": self.load_avg_1m,
+        verdicts, alt = self.verdicts(), self.verdicts(alt=True)
+        out = {"suite": self.suite.name, "model": self.model, "threads": self.threads,
+               "values": self.values, "ratios": {m.key: self.ratio(m.key) for m in METRICS},
+               "targets": {k: {"target": t.describe(), "met": verdicts[k]}
+                           for k, t in self.suite.targets.items()}}
+        if self.suite.alt:
+            out[f"{self.suite.alt_label}_targets"] = {
+                k: {"column": t.ours, "target": t.describe(), "ratio": self.alt_ratio(k),
+                    "met": alt[k]} for k, t in self.suite.alt.items()}
+        return {**out, "errors": self.errors, "notes": self.notes, "load_avg_1m": self.load_avg_1m,
                 "other_cpu_cores_mean": self.other_cpu_cores}
 
 

@@ -40,18 +40,29 @@ def compare_table(comp: Comparison) -> Table:
         table.add_column(head, justify="right")
     for name, justify in (("ratio", "right"), ("target", "left"), ("", "left")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    verdicts = comp.verdicts()
+    alt = bool(suite.alt) and any(t.ours in comp.values for t in suite.alt.values())
+    if alt:  # the same targets on the second engine's columns
+        table.add_column(f"{suite.alt_label} ratio", justify="right")
+        table.add_column("", justify="left")
+    verdicts, alt_verdicts = comp.verdicts(), comp.verdicts(alt=True)
     for m in METRICS:
         ratio = comp.ratio(m.key)
         target = suite.targets.get(m.key)
-        verdict = verdicts.get(m.key)
-        mark = "" if target is None else {True: "[green]met[/]", False: "[red]missed[/]",
-                                          None: "[yellow]n/a[/]"}[verdict]
-        table.add_row(f"{m.label} ({m.unit})",
-                      *(_fmt(comp.values[col].get(m.key), m.unit) for col, _ in columns),
-                      f"{ratio:.2f}x" if ratio else "—",
-                      target.describe() if target else "", mark)
+        cells = [f"{m.label} ({m.unit})",
+                 *(_fmt(comp.values[col].get(m.key), m.unit) for col, _ in columns),
+                 f"{ratio:.2f}x" if ratio else "—", target.describe() if target else "",
+                 _mark(target, verdicts.get(m.key))]
+        if alt:
+            alt_ratio = comp.alt_ratio(m.key)
+            cells += [f"{alt_ratio:.2f}x" if alt_ratio else "",
+                      _mark(suite.alt.get(m.key), alt_verdicts.get(m.key))]
+        table.add_row(*cells)
     return table
+
+
+def _mark(target: Any, verdict: bool | None) -> str:
+    return "" if target is None else {True: "[green]met[/]", False: "[red]missed[/]",
+                                      None: "[yellow]n/a[/]"}[verdict]
 
 
 def compare_footer(comp: Comparison) -> list[str]:

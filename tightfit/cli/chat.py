@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from tightfit.cli.common import (add_model_args, add_sampling_args, build_llm, peak_rss_mb,
-                                 sampling_from_args)
+from tightfit.cli.common import (add_model_args, add_runtime_arg, add_sampling_args, build_llm,
+                                 peak_rss_mb, sampling_from_args)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,6 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true",
                    help="after each reply print a JSON line with token ids, TTFT, tok/s, RSS")
     add_model_args(p)
+    add_runtime_arg(p)
     add_sampling_args(p, max_tokens=256)
     p.set_defaults(func=run)
 

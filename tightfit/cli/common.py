@@ -42,6 +42,33 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "fused C++ decode kernels (same results to float rounding, slower)")
 
 
+def add_runtime_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runtime", choices=("torch", "lite"), default="torch",
+                   help="torch: the full engine (every format and architecture, paged KV pool, "
+                        "KV compression; default). lite: llama-architecture GGUF files on their "
+                        "own weights in a process without torch (~200 MiB instead of ~500 MiB "
+                        "for the default model; --quant native only, no KV pool options)")
+
+
+# options the lite runtime does not take, with the value that means "not asked for"
+_TORCH_ONLY = {"quant": "native", "memory_budget": None, "kv_tiers": None, "kv_dtype": "fp32",
+               "compile": False, "scripted": True, "fused": True}
+
+
+def build_lite_llm(args: argparse.Namespace, max_num_seqs: int = 32) -> Any:
+    from tightfit.errors import TightfitError
+    from tightfit.lite import LiteLLM
+
+    for name, default in _TORCH_ONLY.items():
+        if getattr(args, name, default) != default:
+            flag = {"scripted": "no-script", "fused": "no-fused"}.get(name, name)
+            raise TightfitError(f"--runtime lite runs the GGUF file's own weights with its own "
+                                f"K/V slots: drop --{flag.replace('_', '-')} "
+                                f"({getattr(args, name)!r}), or use --runtime torch")
+    return LiteLLM(args.model, num_threads=args.threads, max_model_len=args.max_model_len,
+                   max_num_seqs=max_num_seqs)
+
+
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = 128) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument("--max-tokens", type=int, default=max_tokens,
@@ -79,6 +106,8 @@ def parse_tiers(text: str | None) -> tuple[tuple[str, int, float], ...] | None:
 
 
 def build_llm(args: argparse.Namespace, **extra: Any) -> Any:
+    if getattr(args, "runtime", "torch") == "lite":  # before anything imports torch
+        return build_lite_llm(args, extra.pop("max_num_seqs", 32))
     from tightfit import LLM
 
     tiers = parse_tiers(getattr(args, "kv_tiers", None))

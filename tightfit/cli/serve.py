@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from tightfit.cli.common import add_model_args, build_llm
+from tightfit.cli.common import add_model_args, add_runtime_arg, build_llm
 from tightfit.server.config import API_KEY_ENV, ServerConfig
 
 
@@ -18,6 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                     "curl command to try it. SIGTERM or Ctrl-C lets in-flight requests finish, "
                     "then exits.")
     add_model_args(p)
+    add_runtime_arg(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default: 127.0.0.1, this machine only)")

@@ -13,45 +13,13 @@ from typing import Any
 from tightfit.config import EngineConfig
 from tightfit.engine.block_pool import BlockPool
 from tightfit.engine.memory_pool import MemoryPool, Tier
-from tightfit.engine.request import RequestOutput, Sequence, Status
+from tightfit.engine.request import RequestOutput, Sequence
 from tightfit.engine.runner import ModelRunner, num_kv_blocks
 from tightfit.engine.sampler import Sampler
 from tightfit.engine.sampling_params import SamplingParams
 from tightfit.engine.scheduler import Scheduler
+from tightfit.engine.text import TextState, next_token_finish, request_output
 from tightfit.errors import RequestError
-
-
-class _TextState:
-    """Incremental text of one request, holding back a tail that may start a stop string."""
-
-    def __init__(self, decoder: Any, stops: tuple[str, ...]) -> None:
-        self.decoder = decoder
-        self.stops = stops
-        self.text = ""
-        self.emitted = 0
-
-    def push(self, token_id: int | None) -> tuple[str, bool]:
-        """Adds a token (None = flush at the end); returns (safe delta, hit a stop string)."""
-        self.text += self.decoder.push(token_id) if token_id is not None else self.decoder.flush()
-        for stop in self.stops:
-            at = self.text.find(stop, max(0, self.emitted - len(stop)))
-            if at != -1:
-                self.text = self.text[:at]
-                return self._emit(len(self.text)), True
-        hold = 0
-        if token_id is not None:
-            for stop in self.stops:
-                for k in range(min(len(stop) - 1, len(self.text)), 0, -1):
-                    if self.text.endswith(stop[:k]):
-                        hold = max(hold, k)
-                        break
-        return self._emit(len(self.text) - hold), False
-
-    def _emit(self, upto: int) -> str:
-        upto = max(upto, self.emitted)
-        delta = self.text[self.emitted:upto]
-        self.emitted = upto
-        return delta
 
 
 class LLMEngine:
@@ -97,7 +65,7 @@ class LLMEngine:
         self.scheduler.add(seq)  # may refuse: too long for every tier, queue full
         self._seqs[rid] = seq
         stops = tuple(params.stop)
-        self._text[rid] = _TextState(
+        self._text[rid] = TextState(
             self.tokenizer.incremental_decoder(skip_special_tokens=params.skip_special_tokens), stops)
         return rid
 
@@ -145,35 +113,15 @@ class LLMEngine:
         return [self._append(s.seq, tok, now) for s, tok in zip(sampling, token_ids)]
 
     def _append(self, seq: Sequence, token: int, now: float) -> RequestOutput:
-        seq.token_ids.append(token)
-        if seq.metrics.first_token_time is None:
-            seq.metrics.first_token_time = now
-        p = seq.params
         state = self._text[seq.request_id]
-        reason = None
-        stop_token = (not p.ignore_eos and token in self.tokenizer.stop_token_ids) or \
-            token in p.stop_token_ids
-        if stop_token:
-            delta, _ = state.push(None)
-            reason = "stop"
-        else:
-            delta, hit = state.push(token)
-            if hit:
-                reason = "stop"
-            elif len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-                delta += state.push(None)[0]
-                reason = "length"
+        delta, reason = next_token_finish(seq, token, now, state, self.tokenizer.stop_token_ids,
+                                          self.max_model_len)
         if reason is not None:
-            seq.metrics.finished_time = now
             self.scheduler.finish(seq, reason)
             self.sampler.release(seq.request_id)
             self._seqs.pop(seq.request_id, None)
             self._text.pop(seq.request_id, None)
-        return RequestOutput(
-            request_id=seq.request_id, prompt=seq.prompt, prompt_token_ids=seq.prompt_token_ids,
-            text=state.text, token_ids=list(seq.output_token_ids), finished=reason is not None,
-            finish_reason=reason, delta_text=delta, delta_token_ids=[token],
-            num_cached_tokens=seq.num_cached_tokens, metrics=seq.metrics)
+        return request_output(seq, state, token, delta, reason)
 
     def stats(self) -> dict[str, Any]:
         return {

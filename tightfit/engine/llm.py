@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
 from tightfit.config import KV_DTYPES, CacheConfig, EngineConfig, SchedulerConfig, parse_bytes
 from tightfit.engine.engine import LLMEngine
+from tightfit.engine.frontend import GenerateMixin
 from tightfit.engine.loader.model_loader import load_model
-from tightfit.engine.request import RequestOutput
-from tightfit.engine.sampling_params import SamplingParams
 from tightfit.errors import TightfitError
 
 
@@ -26,7 +25,7 @@ def default_threads() -> int:
                else (os.cpu_count() or 1))
 
 
-class LLM:
+class LLM(GenerateMixin):
     def __init__(self, model: str | os.PathLike | None = None, quant: str = "native",
                  kv_cache_memory: int | str = "256MiB", memory_budget: int | str | None = None,
                  max_model_len: int = 2048, max_num_seqs: int = 32,
@@ -92,52 +91,6 @@ class LLM:
     @property
     def config(self) -> EngineConfig:
         return self.engine.config
-
-    def generate(self, prompts: str | Sequence[str] | Sequence[list[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 priorities: Sequence[int] | None = None,
-                 on_output: Callable[[RequestOutput], None] | None = None) -> list[RequestOutput]:
-        """Runs all prompts to completion; `on_output` sees every streamed delta."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        if len(plist) != len(prompts):
-            raise TightfitError(f"got {len(plist)} sampling params for {len(prompts)} prompts")
-        ids = [self.engine.add_request(p, sp, priority=(priorities[i] if priorities else 0))
-               for i, (p, sp) in enumerate(zip(prompts, plist))]
-        final: dict[str, RequestOutput] = {}
-        try:
-            while len(final) < len(ids):
-                for out in self.engine.step():
-                    if on_output:
-                        on_output(out)
-                    if out.finished:
-                        final[out.request_id] = out
-        except BaseException:
-            for rid in ids:
-                self.engine.abort(rid)
-            raise
-        return [final[rid] for rid in ids]
-
-    def stream(self, prompt: str | list[int], params: SamplingParams | None = None
-               ) -> Iterator[RequestOutput]:
-        """Yields the deltas of one request as they are produced."""
-        rid = self.engine.add_request(prompt, params)
-        try:
-            while True:
-                for out in self.engine.step():
-                    if out.request_id == rid:
-                        yield out
-                        if out.finished:
-                            return
-        finally:
-            self.engine.abort(rid)
-
-    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        """Renders messages with the model's chat template and tokenises them."""
-        return self.tokenizer.encode(self.tokenizer.apply_chat_template(messages),
-                                     add_special_tokens=False)
-
 
 # Step temporaries the formula above misses (attention gathers, allocator arenas, file pages of
 # the swap area): peak RSS under load exceeded budget by 42-68 MiB without it, measured with

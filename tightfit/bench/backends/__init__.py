@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # name -> (module, class, modules that must be importable)
 BACKENDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "tightfit": ("tightfit.bench.backends.tightfit_backend", "TightfitBackend", ("torch",)),
+    "tightfit-lite": ("tightfit.bench.backends.lite_backend", "LiteBackend", ()),
     "tightfit-http": ("tightfit.bench.backends.http_backend", "TightfitHTTPBackend",
                       ("tightfit.server.app", "httpx")),
     "hf": ("tightfit.bench.backends.hf_backend", "HFBackend", ("torch", "transformers", "gguf")),
@@ -24,12 +25,15 @@ BACKENDS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                      ("httpx",)),
     "tightfit-serve": ("tightfit.bench.backends.llama_server_backend", "TightfitServeBackend",
                        ("httpx", "torch", "tightfit.server.app")),
+    "tightfit-lite-serve": ("tightfit.bench.backends.llama_server_backend", "LiteServeBackend",
+                            ("httpx", "tightfit.server.app")),
     "simulated": ("tightfit.bench.backends.simulated", "SimulatedBackend", ()),
 }
 ALIASES = {"hf-transformers": "hf", "transformers": "hf", "llama.cpp": "llamacpp",
            "llama-cpp": "llamacpp", "llama-cpp-python": "llamacpp", "http": "tightfit-http",
            "llama.cpp-server": "llama-server", "llama_server": "llama-server",
-           "serve": "tightfit-serve"}
+           "serve": "tightfit-serve", "lite": "tightfit-lite",
+           "lite-serve": "tightfit-lite-serve"}
 # backend -> programs it runs (found by tightfit.bench.llama_cpp_tools.find_binary)
 BINARIES: dict[str, tuple[str, ...]] = {"llama-server": ("llama-server",)}
 INSTALL_HINT = {

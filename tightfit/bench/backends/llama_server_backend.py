@@ -6,6 +6,7 @@ Python never shares the server's interpreter or GIL.
   `--parallel` slots sharing one KV pool (continuous batching, as llama.cpp serves concurrency).
   Binaries: `make llamacpp`, or $TIGHTFIT_LLAMA_CPP_DIR (`tightfit/bench/llama_cpp_tools.py`).
 - `tightfit-serve`: `tightfit serve` itself, any weight format.
+- `tightfit-lite-serve`: `tightfit serve --runtime lite` (the file's own weights, no torch).
 
 Peak RSS and CPU time are the server process's own (VmHWM), not the Python client's.
 """
@@ -166,3 +167,37 @@ class TightfitServeBackend(ServerProcessBackend):
     def run_config(self) -> dict[str, Any]:
         return {**super().run_config(), "max_num_seqs": self.slots, "max_batch_size": self.slots,
                 "kv_dtype": self.options.kv_dtype or "fp32"}
+
+
+class LiteServeBackend(ServerProcessBackend):
+    """`tightfit serve --runtime lite` in its own process: the OpenAI server over the lite
+    runtime (no torch in the server process)."""
+
+    name = "tightfit-lite-serve"
+    engine = "tightfit-lite"
+
+    def command(self, port: int) -> list[str]:
+        from tightfit.engine.loader.resolve import resolve_model
+
+        o = self.options
+        if o.quant != "native":
+            raise TightfitError(f"the lite runtime runs the file's own weights: use quant "
+                                f"'native', not {o.quant!r}")
+        self.slots = o.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+        path = resolve_model(model_arg(o.model))
+        self.file_bytes = path.stat().st_size
+        cmd = [sys.executable, "-m", "tightfit.cli.main", "serve", "--runtime", "lite",
+               "--host", "127.0.0.1", "--port", str(port), "--threads", str(o.threads),
+               "--max-model-len", str(o.max_model_len), "--max-num-seqs", str(self.slots),
+               "--max-queue", "4096"]
+        return cmd + (["--model", o.model] if o.model else [])
+
+    def request_body(self, r: BenchRequest) -> dict[str, Any]:
+        return {**super().request_body(r), "priority": r.priority}
+
+    def weight_bytes(self) -> int | None:
+        return self.file_bytes
+
+    def run_config(self) -> dict[str, Any]:
+        return {**super().run_config(), "max_num_seqs": self.slots, "max_batch_size": self.slots,
+                "kv_dtype": "f16"}

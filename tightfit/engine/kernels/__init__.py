@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from tightfit.buildcache import cache_root, cpu_key
+
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("decode.cpp")
 NAME = "tightfit_kernels"
@@ -39,18 +41,6 @@ def enabled() -> bool:
                                                                            "off")
 
 
-def _cpu_key() -> str:
-    """What the -march=native build depends on: the CPU's model and feature flags."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        lines = [ln for ln in text.splitlines() if ln.startswith(("flags", "model name"))]
-        basis = "\n".join(sorted(set(lines)))
-    except OSError:
-        import platform
-        basis = platform.processor() or platform.machine()
-    return hashlib.sha1(basis.encode()).hexdigest()[:12]
-
-
 def _flags() -> list[str]:
     # -fopenmp: at::parallel_for is inline OpenMP (serial without it); the library then needs
     # libgomp.so.1, which resolves to the copy torch has already loaded (same soname).
@@ -61,10 +51,10 @@ def _flags() -> list[str]:
 def build_dir() -> Path:
     """One directory per (torch, Python, CPU, source and flags): checkouts with the same kernel
     source share one build, and a different source never rebuilds (or races) another's."""
-    root = Path(os.environ.get("TIGHTFIT_CACHE") or Path.home() / ".cache" / "tightfit")
+    root = cache_root()
     tag = f"torch{torch.__version__.split('+')[0]}-py{sys.version_info[0]}{sys.version_info[1]}"
     src = hashlib.sha1(SOURCE.read_bytes() + " ".join(_flags()).encode()).hexdigest()[:12]
-    return root / "kernels" / f"{tag}-{_cpu_key()}-{src}"
+    return root / "kernels" / f"{tag}-{cpu_key()}-{src}"
 
 
 def _source_copy(path: Path) -> Path:
