@@ -20,7 +20,7 @@ def console() -> Console:
     """Stdout console; when piped (no terminal to measure), wide enough for the tables."""
     import sys
 
-    return Console() if sys.stdout.isatty() else Console(width=170)
+    return Console() if sys.stdout.isatty() else Console(width=200)
 
 
 def _fmt(value: float | None, unit: str = "") -> str:

@@ -27,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                           "(default: the embedded SmolLM2-135M)")
     ppl.add_argument("--quant", action="append", default=[],
                      help="weight format or precision-plan file to compare (repeatable; a path "
-                          "ending in .tfq loads that quantised file); default: native")
+                          "ending in .tfq loads that quantised file; 'lite' = the file's own "
+                          "weights on the lite runtime, --runtime lite); default: native")
     ppl.add_argument("--windows", type=int, default=16,
                      help="512-token windows to score (default: 16, the protocol)")
     ppl.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")

@@ -41,6 +41,15 @@ def window_logits(llm: Any, ids: Sequence[int]) -> torch.Tensor:
     ids = list(ids)
     if not ids:
         raise TightfitError("cannot score an empty token sequence")
+    from tightfit.lite.engine import LiteLLM
+
+    if isinstance(llm, LiteLLM):  # one forward call into a free slot, all rows out
+        n = len(ids)
+        slot = llm.engine.pool.free[-1]
+        try:
+            return torch.from_numpy(llm.model.forward(ids, [slot] * n, range(n), range(n)))
+        finally:
+            llm.model.release(slot)
     eng = llm.engine
     if len(ids) > eng.kv_capacity_tokens:
         raise TightfitError(f"a window of {len(ids)} tokens does not fit the KV cache "
@@ -115,7 +124,8 @@ def compare_formats(model: str | None, quants: Sequence[str], windows: int = DEF
                     ) -> list[FormatResult]:
     """fp32 first (the reference for top-1 agreement), then each of `quants`, one model in
     memory at a time. A quant ending in `.tfq` names a quantised file (of the same model) to
-    load instead. `on_result` sees each result as soon as it is measured."""
+    load instead; "lite" is the file's own weights on the lite runtime (tightfit.lite: int8
+    activations, half K/V). `on_result` sees each result as soon as it is measured."""
     import time
 
     from tightfit import LLM
@@ -128,6 +138,11 @@ def compare_formats(model: str | None, quants: Sequence[str], windows: int = DEF
         t0 = time.perf_counter()
         if quant.endswith(".tfq"):  # a file written by `tightfit quantize`: it is the model
             llm = LLM(quant, num_threads=num_threads)
+        elif quant == "lite":
+            from tightfit.lite import LiteLLM
+
+            llm = LiteLLM(model, num_threads=num_threads, max_model_len=WINDOW_TOKENS,
+                          max_num_seqs=1)
         else:
             llm = LLM(model, quant=quant, num_threads=num_threads)
         load_s = time.perf_counter() - t0
