@@ -208,3 +208,12 @@ def test_the_cli_generates(tmp_path: Any) -> None:
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["text"].startswith(" Paris") and out["completion_tokens"] == 4
+
+
+def test_eval_ppl_compares_the_lite_runtime() -> None:
+    """`tightfit eval ppl --quant lite`: one window of the protocol, lite beside fp32."""
+    from tightfit.engine.scoring import compare_formats
+
+    fp32, lite = compare_formats(None, ["lite"], windows=1, num_threads=2)
+    assert lite.quant == "lite" and lite.tokens == fp32.tokens == 511
+    assert abs(lite.delta_pct(fp32.perplexity)) < 1.0 and lite.top1_agreement > 0.9
