@@ -620,3 +620,21 @@ done:
     free(xq);
     return rc;
 }
+
+// y[n][rows] = x[n][cols] . W^T for one weight matrix as stored: the matmul of tf_forward on its
+// own (activations quantised the same way), for testing the kernels against a reference.
+int tf_linear(int type, int rows, int cols, const void *data, int n, const float *x, float *y,
+              int threads) {
+    if (row_bytes(type, cols) == 0 || (type >= T_Q4_0 && cols % QK) || n < 1) return -1;
+    const tensor t = {type, rows, cols, row_bytes(type, cols), (const uint8_t *)data};
+    blockq8 *xq = malloc(sizeof(blockq8) * (size_t)n * (size_t)(cols / QK + 1));
+    if (!xq) return -4;
+    if (type >= T_Q4_0)
+        for (int i = 0; i < n; i++) quantize_row(x + (size_t)i * cols, xq + (size_t)i * (cols / QK), cols);
+    const tensor *ws[] = {&t};
+    float *ys[] = {y};
+#pragma omp parallel num_threads(threads < 1 ? 1 : threads)
+    matmul(ws, ys, 1, xq, x, n, 0);
+    free(xq);
+    return 0;
+}

@@ -92,6 +92,8 @@ def library(march: str | None = None) -> ctypes.CDLL:
     lib.tf_simd.restype = I
     lib.tf_forward.argtypes = [P, I, I32, I32, I32, I, I32, F, I]
     lib.tf_forward.restype = I
+    lib.tf_linear.argtypes = [I, I, I, P, I, F, F, I]
+    lib.tf_linear.restype = I
     _libs[path] = lib
     return lib
 
