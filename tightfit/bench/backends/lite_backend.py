@@ -8,8 +8,7 @@ import time
 from typing import Any
 
 from tightfit.bench.backends.tightfit_backend import (DEFAULT_MAX_NUM_SEQS, TightfitBackend,
-                                                      model_arg)
-from tightfit.errors import TightfitError
+                                                      native_file)
 
 
 class LiteBackend(TightfitBackend):
@@ -20,12 +19,10 @@ class LiteBackend(TightfitBackend):
         from tightfit.lite import LiteLLM
 
         o = self.options
-        if o.quant != "native":
-            raise TightfitError(f"the lite runtime runs the file's own weights: use quant "
-                                f"'native', not {o.quant!r}")
+        path = native_file(o, "the lite runtime")
         t0 = time.perf_counter()
         if self.llm is None:
-            self.llm = LiteLLM(model_arg(o.model), num_threads=o.threads,
+            self.llm = LiteLLM(path, num_threads=o.threads,
                                max_model_len=o.max_model_len,
                                max_num_seqs=o.max_num_seqs or DEFAULT_MAX_NUM_SEQS)
         if self.load_time_s is None:

@@ -23,7 +23,7 @@ import httpx
 from tightfit.bench.backends.base import Backend, Timing
 from tightfit.bench.backends.openai_client import CompletionsClient, free_port
 from tightfit.bench.backends.tightfit_backend import (DEFAULT_KV, DEFAULT_MAX_NUM_SEQS,
-                                                     model_arg)
+                                                     model_arg, native_file)
 from tightfit.bench.llama_cpp_tools import require_binary
 from tightfit.bench.workloads import Arrival, BenchRequest
 from tightfit.errors import TightfitError
@@ -93,13 +93,8 @@ class LlamaServerBackend(ServerProcessBackend):
     engine = "llama.cpp"
 
     def command(self, port: int) -> list[str]:
-        from tightfit.engine.loader.resolve import resolve_model
-
         o = self.options
-        if o.quant != "native":
-            raise TightfitError(f"the llama-server backend runs the file's own format: use quant "
-                                f"'native', not {o.quant!r}")
-        path = resolve_model(model_arg(o.model))
+        path = native_file(o, "the llama-server backend")
         self.file_bytes = path.stat().st_size
         self.slots = o.max_num_seqs or DEFAULT_SLOTS
         # One KV pool shared by all slots (as tightfit's paged cache), sized for two full-length
@@ -177,15 +172,9 @@ class LiteServeBackend(ServerProcessBackend):
     engine = "tightfit-lite"
 
     def command(self, port: int) -> list[str]:
-        from tightfit.engine.loader.resolve import resolve_model
-
         o = self.options
-        if o.quant != "native":
-            raise TightfitError(f"the lite runtime runs the file's own weights: use quant "
-                                f"'native', not {o.quant!r}")
+        self.file_bytes = native_file(o, "the lite runtime").stat().st_size
         self.slots = o.max_num_seqs or DEFAULT_MAX_NUM_SEQS
-        path = resolve_model(model_arg(o.model))
-        self.file_bytes = path.stat().st_size
         cmd = [sys.executable, "-m", "tightfit.cli.main", "serve", "--runtime", "lite",
                "--host", "127.0.0.1", "--port", str(port), "--threads", str(o.threads),
                "--max-model-len", str(o.max_model_len), "--max-num-seqs", str(self.slots),

@@ -18,9 +18,8 @@ except ImportError as exc:  # the registry turns this into a clear "not installe
                       "10-20 minutes to build on 2 cores)") from exc
 
 from tightfit.bench.backends.base import Admission, Backend, Timing, now_since
-from tightfit.bench.backends.tightfit_backend import model_arg
+from tightfit.bench.backends.tightfit_backend import native_file
 from tightfit.bench.workloads import Arrival, BenchRequest
-from tightfit.errors import TightfitError
 
 
 class LlamaCppBackend(Backend):
@@ -28,12 +27,7 @@ class LlamaCppBackend(Backend):
     engine = "llama.cpp"
 
     def load(self) -> None:
-        from tightfit.engine.loader.resolve import resolve_model
-
-        if self.options.quant != "native":
-            raise TightfitError(f"the llamacpp backend runs the file's own format: use quant "
-                                f"'native', not {self.options.quant!r}")
-        path = resolve_model(model_arg(self.options.model))
+        path = native_file(self.options, "the llamacpp backend")
         t0 = time.perf_counter()
         self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=self.options.max_model_len,
                                    n_batch=512, n_threads=self.options.threads,

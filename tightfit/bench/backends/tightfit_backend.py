@@ -24,6 +24,16 @@ def model_arg(name: str | None) -> str | None:
     return None if name in (None, "", "default") else name
 
 
+def native_file(options: BackendOptions, who: str) -> Any:
+    """The GGUF file of a backend that runs it on its own stored weights (quant "native")."""
+    from tightfit.engine.loader.resolve import resolve_model
+
+    if options.quant != "native":
+        raise TightfitError(f"{who} runs the file's own format (its own weights): use quant "
+                            f"'native', not {options.quant!r}")
+    return resolve_model(model_arg(options.model))
+
+
 class TightfitBackend(Backend):
     name = "tightfit"
     engine = "tightfit"
