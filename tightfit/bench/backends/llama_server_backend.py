@@ -164,7 +164,7 @@ class TightfitServeBackend(ServerProcessBackend):
                 "kv_dtype": self.options.kv_dtype or "fp32"}
 
 
-class LiteServeBackend(ServerProcessBackend):
+class LiteServeBackend(TightfitServeBackend):
     """`tightfit serve --runtime lite` in its own process: the OpenAI server over the lite
     runtime (no torch in the server process)."""
 
@@ -181,12 +181,5 @@ class LiteServeBackend(ServerProcessBackend):
                "--max-queue", "4096"]
         return cmd + (["--model", o.model] if o.model else [])
 
-    def request_body(self, r: BenchRequest) -> dict[str, Any]:
-        return {**super().request_body(r), "priority": r.priority}
-
-    def weight_bytes(self) -> int | None:
-        return self.file_bytes
-
     def run_config(self) -> dict[str, Any]:
-        return {**super().run_config(), "max_num_seqs": self.slots, "max_batch_size": self.slots,
-                "kv_dtype": "f16"}
+        return {**super().run_config(), "kv_dtype": "f16"}
