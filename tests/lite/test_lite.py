@@ -60,8 +60,9 @@ def test_greedy_text_of_a_known_prompt(lite: LiteLLM) -> None:
 def test_batched_requests_equal_one_at_a_time(lite: LiteLLM) -> None:
     """Each token's arithmetic does not depend on what shares its forward call (prompt chunks,
     other sequences' decode rows), so greedy outputs are identical."""
-    prompts = ["Once upon a time", "The three primary colours are",
-               "def fibonacci(n):", "Water boils at"]
+    long_prompt = [int(i) for i in np.random.default_rng(1).integers(100, 40000, 700)]
+    prompts = ["Once upon a time", "The three primary colours are", long_prompt,
+               "Water boils at"]  # the long one prefills in two chunks beside the others' decodes
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     together = lite.generate(prompts, params)
     alone = [lite.generate([p], params)[0] for p in prompts]
