@@ -94,23 +94,29 @@ def test_chunked_prefill_equals_one_call(lite: LiteLLM) -> None:
 def test_plain_c_build_agrees_with_the_simd_build(lite: LiteLLM) -> None:
     """Built for baseline x86-64 (no AVX2, F16C or VNNI): the portable C paths. Float sums in
     another order flip an occasional int8 rounding of an activation, which 30 layers amplify
-    (logits differ by ~0.1 at the first position, ~0.6 later), so the check is the model's
-    behaviour: perplexity and next-token choices on 128 tokens of the protocol's corpus."""
+    (logits differ by ~0.1 at the first position, ~0.6 later; perplexity over the first 127
+    predictions of a window by up to ~2%), so the check is the model's behaviour over two whole
+    windows of the protocol: perplexity within 2% (measured: 1.0% and 0.2%) and next-token
+    choices."""
     from tightfit.engine import scoring
 
-    plain = LiteModel(None, threads=2, max_model_len=128, max_num_seqs=1, march="x86-64")
+    plain = LiteModel(None, threads=2, max_model_len=512, max_num_seqs=1, march="x86-64")
     flags = set(open("/proc/cpuinfo").read().split())
     assert plain.simd == "plain C"
     assert lite.model.simd == ("avx512-vnni" if {"avx512_vnni", "avx512vl"} <= flags else
                                "avx2" if {"avx2", "f16c", "fma"} <= flags else "plain C")
-    ids = scoring.corpus_windows(lite.tokenizer, windows=1, window_tokens=128)[0]
-    n = len(ids)
-    a = plain.forward(ids, [0] * n, range(n), range(n - 1))
-    b = lite.model.forward(ids, [3] * n, range(n), range(n - 1))
-    lite.model.release(3)
-    ppl_a, ppl_b = (math.exp(_nll(x, ids[1:]).mean()) for x in (a, b))
+    nll_a, nll_b, agree = [], [], []
+    for ids in scoring.corpus_windows(lite.tokenizer, windows=2):
+        n = len(ids)
+        a = plain.forward(ids, [0] * n, range(n), range(n - 1))
+        b = lite.model.forward(ids, [3] * n, range(n), range(n - 1))
+        lite.model.release(3)
+        nll_a.append(_nll(a, ids[1:]))
+        nll_b.append(_nll(b, ids[1:]))
+        agree.append(a.argmax(axis=1) == b.argmax(axis=1))
+    ppl_a, ppl_b = (math.exp(np.concatenate(x).mean()) for x in (nll_a, nll_b))
     assert abs(ppl_a / ppl_b - 1) < 0.02, (ppl_a, ppl_b)
-    assert (a.argmax(axis=1) == b.argmax(axis=1)).mean() >= 0.9
+    assert np.concatenate(agree).mean() >= 0.9
 
 
 def test_seeded_sampling_repeats_and_top_k_1_is_greedy(lite: LiteLLM) -> None:

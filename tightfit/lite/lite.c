@@ -350,33 +350,167 @@ static void dequant_row(const tensor *t, int r, float *out) {
 
 // ---- attention over half-float K/V ------------------------------------------------------------
 
-static inline float dot_qk(const float *q, const uint16_t *k, int n) {
+// e^x written so that the loops calling it vectorise (expf is a scalar libm call: ~40% of a
+// long-context decode step was spent in it). Cephes' expf polynomial on x - n ln2, scaled by 2^n
+// through the exponent bits; within ~2 ulp on [-87, 88], clamped outside. (The torch engine's
+// kernels, engine/kernels/decode.cpp, carry the same function in C++.)
+static inline float fast_exp(float x) {
+    x = x < -87.f ? -87.f : (x > 88.f ? 88.f : x);
+    const float n = nearbyintf(x * 1.44269504088896341f);
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    const float z = r * r;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * z + r + 1.0f;
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+#define ATT_CHUNKS 8     // a token's positions are split into at most this many chunks
+#define ATT_MIN_CHUNK 256 // ... of at least this many positions
+
+static inline void h2f_row(const uint16_t *src, float *dst, int n) {
     int e = 0;
-    float s = 0.f;
 #ifdef TF_AVX2
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    for (; e + 16 <= n; e += 16) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + e),
-                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + e))), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + e + 8),
-                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + e + 8))), a1);
-    }
-    s = hsum8(_mm256_add_ps(a0, a1));
+    for (; e + 8 <= n; e += 8)
+        _mm256_storeu_ps(dst + e, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + e))));
 #endif
-    for (; e < n; e++) s += q[e] * h2f((const uint8_t *)(k + e));
+    for (; e < n; e++) dst[e] = h2f((const uint8_t *)(src + e));
+}
+
+static inline float dot_f(const float *a, const float *b, int n) {
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int e = 0; e < n; e++) s += a[e] * b[e];
     return s;
 }
 
-static inline void axpy_h(float *o, float p, const uint16_t *v, int n) {
-    int e = 0;
+// A token's chunk size: depends on its own context length only, so its arithmetic is the same
+// whatever else shares the call.
+static inline int att_chunk(int len) {
+    const int c = (len + ATT_CHUNKS - 1) / ATT_CHUNKS;
+    return c > ATT_MIN_CHUNK ? c : ATT_MIN_CHUNK;
+}
+
 #ifdef TF_AVX2
-    const __m256 pv = _mm256_set1_ps(p);
-    for (; e + 8 <= n; e += 8)
-        _mm256_storeu_ps(o + e, _mm256_fmadd_ps(pv, _mm256_cvtph_ps(_mm_loadu_si128(
-                                                    (const __m128i *)(v + e))),
-                                                _mm256_loadu_ps(o + e)));
+// V rows [0, len) weighted by w[i * ch + j] into G outputs of hd floats, 8 values of every output
+// at a time held in registers (G is a constant where this is inlined, so acc[] stays in ymm).
+static inline __attribute__((always_inline)) void weigh_v(int G, const uint16_t *V, size_t kvd,
+                                                          int len, int hd, const float *w, int ch,
+                                                          float *out, size_t ostride) {
+    for (int e = 0; e < hd; e += 8) {
+        __m256 acc[8];
+        for (int i = 0; i < G; i++) acc[i] = _mm256_setzero_ps();
+        for (int j = 0; j < len; j++) {
+            const __m256 v = _mm256_cvtph_ps(
+                _mm_loadu_si128((const __m128i *)(V + (size_t)j * kvd + e)));
+            for (int i = 0; i < G; i++)
+                acc[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(w + i * ch + j), v, acc[i]);
+        }
+        for (int i = 0; i < G; i++) _mm256_storeu_ps(out + (size_t)i * ostride + e, acc[i]);
+    }
+}
+
+// Scores of K rows [0, len) against G query heads: each row widened from half once, two 8-wide
+// partial sums per dot product and a tree at the end (an `omp simd` reduction ends in 16
+// dependent scalar adds instead).
+static inline __attribute__((always_inline)) void score_k(int G, const float *qg,
+                                                          const uint16_t *K, size_t kvd, int len,
+                                                          int hd, float scale, float *sc, int ch) {
+    for (int j = 0; j < len; j++) {
+        const uint16_t *kj = K + (size_t)j * kvd;
+        __m256 a0[8], a1[8];
+        for (int i = 0; i < G; i++) a0[i] = a1[i] = _mm256_setzero_ps();
+        int e = 0;
+        for (; e + 16 <= hd; e += 16) {
+            const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kj + e)));
+            const __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kj + e + 8)));
+            for (int i = 0; i < G; i++) {
+                a0[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + (size_t)i * hd + e), k0, a0[i]);
+                a1[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + (size_t)i * hd + e + 8), k1, a1[i]);
+            }
+        }
+        for (; e < hd; e += 8) {
+            const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kj + e)));
+            for (int i = 0; i < G; i++)
+                a0[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qg + (size_t)i * hd + e), k0, a0[i]);
+        }
+        for (int i = 0; i < G; i++) sc[i * ch + j] = hsum8(_mm256_add_ps(a0[i], a1[i])) * scale;
+    }
+}
 #endif
-    for (; e < n; e++) o[e] += p * h2f((const uint8_t *)(v + e));
+
+// Positions [lo, hi) of one token against one KV head, for the G query heads sharing it: each K
+// and V row is read (and widened from half) once for all G. Per query head i, writes the chunk's
+// max score, its sum of exp(score - max) and the unnormalised output (hd values) at
+// part + i * pstride; the chunks are merged afterwards (as flash-decoding does).
+static void attend_chunk(const float *qg, const uint16_t *K, const uint16_t *V, size_t kvd,
+                         int lo, int hi, int G, int hd, float scale, float *sc, int ch,
+                         float *row, float *part, size_t pstride) {
+    const int len = hi - lo;
+    K += (size_t)lo * kvd;
+    V += (size_t)lo * kvd;
+#ifdef TF_AVX2
+    const int fast = hd % 8 == 0 && G >= 1 && G <= 8;
+#else
+    const int fast = 0;
+#endif
+    if (fast) {
+#ifdef TF_AVX2
+        switch (G) {  // one copy per group size, its loops over G unrolled
+#define TF_CASE(g) case g: score_k(g, qg, K, kvd, len, hd, scale, sc, ch); break;
+            TF_CASE(1) TF_CASE(2) TF_CASE(3) TF_CASE(4) TF_CASE(5) TF_CASE(6) TF_CASE(7)
+            TF_CASE(8)
+#undef TF_CASE
+        }
+#endif
+    } else {
+        for (int j = 0; j < len; j++) {
+            h2f_row(K + (size_t)j * kvd, row, hd);
+            for (int i = 0; i < G; i++) sc[i * ch + j] = dot_f(qg + (size_t)i * hd, row, hd) * scale;
+        }
+    }
+    for (int i = 0; i < G; i++) {
+        float *sci = sc + i * ch, mx = -INFINITY, sum = 0.f;
+#pragma omp simd reduction(max : mx)
+        for (int j = 0; j < len; j++) mx = sci[j] > mx ? sci[j] : mx;
+#pragma omp simd reduction(+ : sum)
+        for (int j = 0; j < len; j++) {
+            sci[j] = fast_exp(sci[j] - mx);
+            sum += sci[j];
+        }
+        float *p = part + (size_t)i * pstride;
+        p[0] = mx;
+        p[1] = sum;
+    }
+    if (fast) {
+#ifdef TF_AVX2
+        switch (G) {
+#define TF_CASE(g) case g: weigh_v(g, V, kvd, len, hd, sc, ch, part + 2, pstride); break;
+            TF_CASE(1) TF_CASE(2) TF_CASE(3) TF_CASE(4) TF_CASE(5) TF_CASE(6) TF_CASE(7)
+            TF_CASE(8)
+#undef TF_CASE
+        }
+#endif
+        return;
+    }
+    for (int i = 0; i < G; i++)
+        for (int e = 0; e < hd; e++) part[(size_t)i * pstride + 2 + e] = 0.f;
+    for (int j = 0; j < len; j++) {
+        h2f_row(V + (size_t)j * kvd, row, hd);
+        for (int i = 0; i < G; i++) {
+            float *o = part + (size_t)i * pstride + 2;
+            const float w = sc[i * ch + j];
+            for (int e = 0; e < hd; e++) o[e] += w * row[e];
+        }
+    }
 }
 
 static inline void store_h(uint16_t *dst, const float *src, int n) {
@@ -505,23 +639,28 @@ int tf_forward(model *m, int n, const int32_t *tokens, const int32_t *seqs, cons
     float *q = malloc(sizeof(float) * (size_t)n * qd), *k = malloc(sizeof(float) * (size_t)n * kvd);
     float *v = malloc(sizeof(float) * (size_t)n * kvd), *att = malloc(sizeof(float) * (size_t)n * qd);
     float *g = malloc(sizeof(float) * (size_t)n * F), *u = malloc(sizeof(float) * (size_t)n * F);
-    float *scores = malloc(sizeof(float) * (size_t)threads * m->n_ctx);
+    int maxlen = 1;
+    for (int t = 0; t < n; t++) maxlen = pos[t] + 1 > maxlen ? pos[t] + 1 : maxlen;
+    const int group = H / KV, ch_max = att_chunk(maxlen);
+    const size_t per_thread = (size_t)group * ch_max + hd;  // scores of a chunk + one K/V row
+    float *scores = malloc(sizeof(float) * (size_t)threads * per_thread);
+    float *part = malloc(sizeof(float) * (size_t)n * H * ATT_CHUNKS * (hd + 2));
     blockq8 *xq = malloc(sizeof(blockq8) * (size_t)n * (kmax / QK));
     int rc = 0;
-    if (!x || !xn || !q || !k || !v || !att || !g || !u || !scores || !xq) {
+    if (!x || !xn || !q || !k || !v || !att || !g || !u || !scores || !part || !xq) {
         rc = -4;
         goto done;
     }
     const float scale = 1.f / sqrtf((float)hd);
-    const int group = H / KV;
 
 #pragma omp parallel num_threads(threads)
     {
 #ifdef _OPENMP
-        float *sc = scores + (size_t)omp_get_thread_num() * m->n_ctx;
+        float *sc = scores + (size_t)omp_get_thread_num() * per_thread;
 #else
         float *sc = scores;
 #endif
+        float *row = sc + (size_t)group * ch_max;
 #pragma omp for
         for (int t = 0; t < n; t++) dequant_row(&m->tok_embd, tokens[t], x + (size_t)t * D);
 
@@ -553,25 +692,38 @@ int tf_forward(model *m, int n, const int32_t *tokens, const int32_t *seqs, cons
                 store_h(kv_at(m, seqs[t], l, 0, pos[t]), k + (size_t)t * kvd, kvd);
                 store_h(kv_at(m, seqs[t], l, 1, pos[t]), v + (size_t)t * kvd, kvd);
             }
-            // round-robin (token, head) pairs: with a causal prompt later tokens cost more
-#pragma omp for collapse(2) schedule(static, 1)
+            // (token, KV head, chunk) work items, taken dynamically: a causal prompt's later
+            // tokens have more chunks, and one long decode spreads over every thread
+#pragma omp for schedule(dynamic, 1)
+            for (int w = 0; w < n * KV * ATT_CHUNKS; w++) {
+                const int t = w / (KV * ATT_CHUNKS), gk = (w / ATT_CHUNKS) % KV;
+                const int c = w % ATT_CHUNKS, len = pos[t] + 1, ch = att_chunk(len);
+                const int lo = c * ch;
+                if (lo >= len) continue;
+                const int hi = lo + ch < len ? lo + ch : len;
+                attend_chunk(q + (size_t)t * qd + (size_t)gk * group * hd,
+                             kv_at(m, seqs[t], l, 0, 0) + (size_t)gk * hd,
+                             kv_at(m, seqs[t], l, 1, 0) + (size_t)gk * hd, kvd, lo, hi, group,
+                             hd, scale, sc, ch, row,
+                             part + (((size_t)t * H + (size_t)gk * group) * ATT_CHUNKS + c) * (hd + 2),
+                             (size_t)ATT_CHUNKS * (hd + 2));
+            }
+#pragma omp for collapse(2)
             for (int t = 0; t < n; t++) {
-                for (int h = 0; h < H; h++) {
-                    const float *qh = q + (size_t)t * qd + h * hd;
-                    const uint16_t *K = kv_at(m, seqs[t], l, 0, 0) + (h / group) * hd;
-                    const uint16_t *V = kv_at(m, seqs[t], l, 1, 0) + (h / group) * hd;
-                    const int len = pos[t] + 1;
-                    float mx = -INFINITY;
-                    for (int j = 0; j < len; j++) {
-                        sc[j] = dot_qk(qh, K + (size_t)j * kvd, hd) * scale;
-                        mx = fmaxf(mx, sc[j]);
-                    }
-                    float sum = 0.f;
-                    for (int j = 0; j < len; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
-                    float *o = att + (size_t)t * qd + h * hd;
-                    const float inv = 1.f / sum;
+                for (int h = 0; h < H; h++) {  // merge the chunks by their maxima and sums
+                    const int len = pos[t] + 1, ch = att_chunk(len), nc = (len + ch - 1) / ch;
+                    const float *p = part + ((size_t)t * H + h) * ATT_CHUNKS * (hd + 2);
+                    float mx = -INFINITY, sum = 0.f;
+                    for (int c = 0; c < nc; c++) mx = p[c * (hd + 2)] > mx ? p[c * (hd + 2)] : mx;
+                    float *o = att + (size_t)t * qd + (size_t)h * hd;
                     for (int e = 0; e < hd; e++) o[e] = 0.f;
-                    for (int j = 0; j < len; j++) axpy_h(o, sc[j] * inv, V + (size_t)j * kvd, hd);
+                    for (int c = 0; c < nc; c++) {
+                        const float *pc = p + (size_t)c * (hd + 2), f = fast_exp(pc[0] - mx);
+                        sum += pc[1] * f;
+                        for (int e = 0; e < hd; e++) o[e] += f * pc[2 + e];
+                    }
+                    const float inv = 1.f / sum;
+                    for (int e = 0; e < hd; e++) o[e] *= inv;
                 }
             }
 #pragma omp for
@@ -595,7 +747,8 @@ int tf_forward(model *m, int n, const int32_t *tokens, const int32_t *seqs, cons
             for (int t = 0; t < n; t++) {
                 float *gt = g + (size_t)t * F;
                 const float *ut = u + (size_t)t * F;
-                for (int j = 0; j < F; j++) gt[j] = gt[j] / (1.f + expf(-gt[j])) * ut[j];
+#pragma omp simd
+                for (int j = 0; j < F; j++) gt[j] = gt[j] / (1.f + fast_exp(-gt[j])) * ut[j];
                 quantize_row(gt, xq + (size_t)t * (F / QK), F);
             }
             {
@@ -617,6 +770,7 @@ int tf_forward(model *m, int n, const int32_t *tokens, const int32_t *seqs, cons
     }
 done:
     free(x); free(xn); free(q); free(k); free(v); free(att); free(g); free(u); free(scores);
+    free(part);
     free(xq);
     return rc;
 }
