@@ -33,6 +33,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                          "single-stream runs join the evaluation (repeatable)")
     ev.add_argument("--json", action="store_true", help="print the results as JSON")
     ev.set_defaults(func=run_evaluate)
+    sc = sub.add_parser("score", help="the shipped model against measured runs, nothing fitted "
+                                      "(engines it was not fitted on, new measurements)")
+    sc.add_argument("measurements", nargs="+", metavar="FILE",
+                    help="tightfit dataset JSONL, e.g. data/measurements/cpu-2core.jsonl")
+    sc.add_argument("--json", action="store_true", help="print the results as JSON")
+    sc.set_defaults(func=run_score)
     fit = sub.add_parser("fit", help="fit on all shipped data and save the model JSON")
     fit.add_argument("--output", "-o", help="where to write (default: the per-data-hash cache)")
     fit.set_defaults(func=run_fit)
@@ -60,6 +66,19 @@ def run_evaluate(args: argparse.Namespace) -> int:
             for metric in ("decode_tok_s", "prefill_tok_s"):
                 path = Path(args.plots) / f"predictor_{split}_{metric}.png"
                 plots.scatter(prs, metric, f"held out by {split}: {metric}", path)
+    print(json.dumps(result, indent=1, default=str) if args.json else report.render(result))
+    return 0
+
+
+def run_score(args: argparse.Namespace) -> int:
+    from tightfit.errors import TightfitError
+    from tightfit.predictor import report
+
+    for path in args.measurements:
+        if not Path(path).is_file():
+            raise TightfitError(f"{path!r} does not exist: give a dataset JSONL such as "
+                                "data/measurements/cpu-2core.jsonl")
+    result = report.score(tuple(args.measurements))
     print(json.dumps(result, indent=1, default=str) if args.json else report.render(result))
     return 0
 

@@ -216,7 +216,8 @@ def load_all(directory: Path | None = None) -> tuple[list[Observation], Counter[
 
 _BACKEND_ENGINE = {"tightfit": "tightfit", "tightfit-http": "tightfit", "tightfit-serve": "tightfit",
                    "hf": "hf-transformers", "llamacpp": "llama.cpp", "llama.cpp": "llama.cpp",
-                   "llama-server": "llama.cpp"}
+                   "llama-server": "llama.cpp", "tightfit-lite": "tightfit-lite",
+                   "tightfit-lite-serve": "tightfit-lite"}
 
 
 def _own_quant(weight_format: str, file_format: str | None) -> str:
@@ -244,10 +245,17 @@ def own_device(hw: Any) -> DeviceSpec:
                       None, bw, 1, cores)
 
 
-def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:
+# Engines the learned residual has no feature for: their rows are scored, never fitted on
+# (`tightfit predictor score`), so they cannot pull another engine's residual towards them.
+UNFITTED_ENGINES = ("tightfit-lite",)
+
+
+def load_own(paths: list[str | Path], include_unfitted: bool = False
+             ) -> tuple[list[Observation], Counter[str]]:
     """Single-stream runs of tightfit's dataset -> observations (decode tok/s, prefill tok/s,
     TTFT, peak memory). Rules, each counted: failed runs, runs with more than one stream (the
-    predictor's contract is batch 1 here), runs the harness flagged as contended."""
+    predictor's contract is batch 1 here), runs the harness flagged as contended, and runs of
+    an engine in UNFITTED_ENGINES unless `include_unfitted`."""
     from tightfit.data import read_measurements
 
     dropped: Counter[str] = Counter()
@@ -264,7 +272,7 @@ def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:
             dropped["contended machine (load from other processes)"] += 1
             continue
         engine = _BACKEND_ENGINE.get(c.backend)
-        if engine is None:
+        if engine is None or (engine in UNFITTED_ENGINES and not include_unfitted):
             dropped[f"backend {c.backend}"] += 1
             continue
         model = architectures.ModelSpec(

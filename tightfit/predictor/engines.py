@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ENGINES = ("llama.cpp", "tightfit", "hf-transformers")
+ENGINES = ("llama.cpp", "tightfit", "hf-transformers", "tightfit-lite")
+# the lite runtime (tightfit/lite) reads these stored formats only, on the CPU
+LITE_QUANTS = ("q4_0", "q4_1", "q8_0", "f16", "f32", "fp32")
 _ALIASES = {"llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "llama_cpp": "llama.cpp",
+            "lite": "tightfit-lite", "tightfit_lite": "tightfit-lite",
             "ollama": "llama.cpp", "hf": "hf-transformers", "transformers": "hf-transformers",
             "huggingface": "hf-transformers"}
 
@@ -46,6 +49,17 @@ def profile(engine: str, device_class: str) -> EngineProfile:
             return EngineProfile(0.6, 0.5, 0.3, 4e-4, 2e-5, 0.01, 90, 0, False, "layer_split",
                                  tokenizer_bytes_per_token=300)
         return EngineProfile(0.75, 0.5, 0.5, 6e-4, 2e-5, 0.02, 80, 300, False, "layer_split")
+    if engine == "tightfit-lite":
+        # The lite runtime computes as llama.cpp does (the stored blocks against activations
+        # rounded to int8 per 32 values, one thread pool, prompts in calls of <= 512 tokens), so
+        # its speed priors are llama.cpp's CPU ones, and the learned residual treats it as
+        # llama.cpp too (it has no engine feature of its own: no lite row was in the fit).
+        # Memory from a component measurement (2026-12-04, default model, 49,152 entries): a
+        # process that has imported tightfit.lite and loaded its library holds 40 MiB, 73 MiB
+        # once the GGUF header is parsed and the tokenizer built, before any weight page is
+        # read: 58 MiB + the torch engine's 315 B a vocab entry (the same tokenizer code).
+        return EngineProfile(0.6, 0.5, 0.3, 4e-4, 2e-5, 0.01, 58, 0, False, "layer_split",
+                             tokenizer_bytes_per_token=315)
     if engine == "hf-transformers":
         if cpu:  # memory: `import torch, transformers` 239 MiB + ~160 MiB kept after loading
             return EngineProfile(0.35, 0.4, 0.4, 4e-3, 6e-4, 0.05, 400, 0, True, "stream",

@@ -6,7 +6,8 @@ peak = max(load peak, serving peak):
 - serving peak = runtime + weights as held + KV for the context + compute buffers.
 Weights "as held" are what the engine keeps, not the file: tightfit keeps a GGUF token
 embedding in its stored blocks and, for a model whose head shares that embedding, builds a
-separate head in the compute format (int8 for stored GGUF formats); HF Transformers holds fp32.
+separate head in the compute format (int8 for stored GGUF formats); HF Transformers holds fp32;
+the lite runtime reads the file's blocks in place (the weights as stored, K/V in f16).
 Runtime = the process baseline (interpreter, torch, the engine) + the tokenizer, which grows
 with the vocabulary. Constants come from this project's measurements on CPU (docs/predictor.md).
 """
@@ -124,7 +125,7 @@ def active_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
 
 def kv_bytes_per_token(s: Scenario) -> float:
     dtype = s.workload.kv_dtype or ("fp16" if compute_dtype_bytes(s) == 2.0 else "fp32")
-    if s.engine == "llama.cpp" and not s.workload.kv_dtype:
+    if s.engine in ("llama.cpp", "tightfit-lite") and not s.workload.kv_dtype:
         dtype = "f16"
     return s.model.kv_elements_per_token() * formats.kv_bytes(dtype)
 
@@ -135,7 +136,7 @@ def buffer_bytes(s: Scenario) -> float:
     # prefills in chunks of at most 512 tokens (max_num_batched_tokens); HF all at once.
     if s.engine == "llama.cpp":
         ubatch = min(w.context_tokens, 512)
-    elif s.engine == "tightfit":
+    elif s.engine in ("tightfit", "tightfit-lite"):
         ubatch = max(min(w.prompt_tokens, 512), 1)
     else:
         ubatch = max(w.prompt_tokens, 1)

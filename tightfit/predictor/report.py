@@ -48,6 +48,19 @@ def run(splits: tuple[str, ...] = ("device", "model"), screen: bool = True,
     return out
 
 
+def score(measurements: tuple[str, ...]) -> dict[str, Any]:
+    """The shipped model, as it is, against measured single-stream runs (nothing is fitted):
+    scores per engine. For rows the model was not fitted on, such as the lite runtime's, or new
+    measurements of this machine."""
+    from tightfit.predictor import artefact, core
+
+    obs, rules = datasets.load_own(list(measurements), include_unfitted=True)
+    model = artefact.load()
+    pairs = [(o, core.predict_scenario(o.scenario, model)) for o in obs]
+    return {"rules": dict(rules), "n_observations": len(obs),
+            "per_engine": {"score": _per_engine(pairs)}}
+
+
 def _per_engine(pairs: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
     """Held-out scores of tightfit's own dataset, one engine at a time (tightfit, HF, llama.cpp
     measured on the same machine)."""
@@ -92,7 +105,10 @@ def render(result: dict[str, Any]) -> str:
     for split, engines in result.get("per_engine", {}).items():
         if not engines:
             continue
-        lines += ["", f"[held_out_{split}: tightfit dataset per engine]",
+        title = ("the shipped model as it is: in-sample for the engines it was fitted on, "
+                 f"never fitted on {', '.join(datasets.UNFITTED_ENGINES)}" if split == "score"
+                 else f"held_out_{split}")
+        lines += ["", f"[{title}: tightfit dataset per engine]",
                   f"{'engine':18s}{'metric':16s}{'n':>5s}{'MAPE%':>8s}{'max%':>8s}"]
         for engine, table in engines.items():
             for metric, s in table.items():

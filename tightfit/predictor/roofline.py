@@ -88,7 +88,9 @@ def prefill_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tupl
     if p == 0:
         return Phase(0.0, 0.0, 0.0, 0.0), 0.0
     flops = w.batch * (2e9 * m.active_params_b * p + 2.0 * m.n_layers * p * p * m.n_heads * m.head_dim)
-    ubatches = math.ceil(p / 512) if s.engine == "llama.cpp" else 1
+    # llama.cpp and the lite runtime run a prompt in calls of <= 512 tokens, each reading the
+    # weights once; the torch engine's chunks are counted in its efficiency instead
+    ubatches = math.ceil(p / 512) if s.engine in ("llama.cpp", "tightfit-lite") else 1
     weights = memory.weight_bytes(s, prof)
     mem_s = mem.device_fraction * weights * ubatches / (d.bandwidth_gbps * 1e9 * prof.bw_eff)
     comp_s = flops / (d.fp16_tflops * 1e12 * prof.comp_eff)

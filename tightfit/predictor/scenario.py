@@ -15,7 +15,7 @@ from typing import Any
 from tightfit.errors import TightfitError
 from tightfit.predictor import architectures, formats, hardware
 from tightfit.predictor.architectures import ModelSpec
-from tightfit.predictor.engines import ENGINES, canonical_engine
+from tightfit.predictor.engines import ENGINES, LITE_QUANTS, canonical_engine
 from tightfit.predictor.hardware import DeviceSpec
 
 LOCAL_NAMES = ("local", "this")
@@ -71,6 +71,8 @@ def parse_row(row: Any) -> Scenario:
     model, model_widen, model_notes = _model(_section(row, "model"))
     quant, bpw = _quant(row.get("quant"))
     engine = _engine(row.get("engine"))
+    if engine == "tightfit-lite":
+        _lite_supported(device, quant)
     workload = _workload(row.get("workload", {}))
     notes = tuple(hw_notes + model_notes)
     return Scenario(str(rid), device, model, quant, bpw, engine, workload,
@@ -196,6 +198,16 @@ def _quant(value: Any) -> tuple[str, float]:
         return formats.normalise(value), formats.bits_per_weight(value)
     except TightfitError as exc:
         raise RowError("quant", str(exc)) from None
+
+
+def _lite_supported(device: DeviceSpec, quant: str) -> None:
+    if device.device_class != "cpu":
+        raise RowError("engine", f"the lite runtime (tightfit-lite) runs on the CPU only; this "
+                                 f"device is {device.device_class!r}: describe its CPU (kind "
+                                 "cpu) or use engine llama.cpp or tightfit")
+    if quant not in LITE_QUANTS:
+        raise RowError("quant", f"the lite runtime reads {', '.join(LITE_QUANTS)} GGUF blocks, "
+                                f"not {quant!r}; use engine tightfit or llama.cpp")
 
 
 def _engine(value: Any) -> str:
