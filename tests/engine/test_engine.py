@@ -94,6 +94,16 @@ def test_same_seed_same_text_different_seed_differs(default_llm):
     assert any(o != a.token_ids for o in others)
 
 
+def test_a_tiny_temperature_samples_the_greedy_token(default_llm):
+    """Validation lets any temperature > 0 through; 1e-45 once overflowed logits / temperature
+    to inf and the step failed (found by the server fuzz test on the lite runtime)."""
+    g = default_llm.generate("The sky is", SamplingParams(max_tokens=6, ignore_eos=True))[0]
+    for t in (1e-45, 1e-300):
+        tiny = default_llm.generate("The sky is", SamplingParams(
+            max_tokens=6, temperature=t, seed=1, ignore_eos=True))[0]
+        assert tiny.token_ids == g.token_ids
+
+
 def test_top_k_one_equals_greedy(default_llm):
     g = default_llm.generate("The sky is", SamplingParams(max_tokens=12, ignore_eos=True))[0]
     k1 = default_llm.generate("The sky is", SamplingParams(

@@ -130,6 +130,14 @@ def test_seeded_sampling_repeats_and_top_k_1_is_greedy(lite: LiteLLM) -> None:
     assert top1.token_ids == greedy.token_ids
 
 
+def test_a_tiny_temperature_samples_the_greedy_token(lite: LiteLLM) -> None:
+    greedy = lite.generate(["The sky is"], SamplingParams(max_tokens=6, ignore_eos=True))[0]
+    for t in (1e-45, 1e-300):
+        tiny = lite.generate(["The sky is"], SamplingParams(max_tokens=6, temperature=t, seed=1,
+                                                            ignore_eos=True))[0]
+        assert tiny.token_ids == greedy.token_ids
+
+
 def test_stop_strings_and_stream_deltas(lite: LiteLLM) -> None:
     deltas: list[str] = []
     out = lite.generate(["The capital of France is"], SamplingParams(max_tokens=30, stop=["."]),

@@ -78,6 +78,18 @@ def server(default_llm: Any) -> Iterator[LiveServer]:
     live.stop()
 
 
+@pytest.fixture(scope="session")
+def lite_server() -> Iterator[LiveServer]:
+    """The same server over the lite runtime (tightfit.lite): 8 sequence slots of 512
+    positions."""
+    from tightfit.lite import LiteLLM
+
+    live = LiveServer(LiteLLM(None, num_threads=2, max_model_len=512, max_num_seqs=8),
+                      ServerConfig()).start()
+    yield live
+    live.stop()
+
+
 @pytest.fixture()
 def make_server(default_llm: Any) -> Iterator[Callable[..., LiveServer]]:
     """Factory of extra servers with their own config and engine; stopped after the test."""

@@ -10,6 +10,12 @@ TEXT = "/v1/completions"
 MSG = [{"role": "user", "content": "hi"}]
 
 
+@pytest.fixture(scope="module", params=["torch", "lite"])
+def server(request: Any, server: Any) -> Any:
+    """Both runtimes behind the server: the torch engine's and the lite runtime's."""
+    return server if request.param == "torch" else request.getfixturevalue("lite_server")
+
+
 def check_error(r: Any, status: int, *needles: str, param: str | None = "?") -> dict:
     assert r.status_code == status, r.text
     err = r.json()["error"]

@@ -6,10 +6,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 ENDPOINTS = ["/v1/completions", "/v1/chat/completions", "/v1/predict"]
+
+
+@pytest.fixture(scope="module", params=["torch", "lite"])
+def server(request: Any, server: Any) -> Any:
+    """Both runtimes behind the server: the torch engine's and the lite runtime's."""
+    return server if request.param == "torch" else request.getfixturevalue("lite_server")
+
+
 FUZZ = settings(max_examples=35, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow])

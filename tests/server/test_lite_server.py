@@ -1,28 +1,18 @@
 """`tightfit serve --runtime lite`: the same OpenAI server over the lite runtime's engine, driven
 by the official client against a live server (chat and completions, streaming, concurrency,
-errors, metrics)."""
+errors, metrics). The lite server (tests/server/conftest.py) also takes the error and fuzz tests
+of test_errors.py and test_fuzz.py."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from tightfit import SamplingParams
 from tightfit.lite import LiteLLM
-from tightfit.server.config import ServerConfig
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def lite_server() -> Iterator[Any]:
-    from conftest import LiveServer  # tests/server/conftest.py
-
-    live = LiveServer(LiteLLM(None, num_threads=2, max_model_len=512, max_num_seqs=8),
-                      ServerConfig()).start()
-    yield live
-    live.stop()
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,10 @@ class Sampler:
 
     def _sample_one(self, seq: Sequence, logits: torch.Tensor) -> int:
         p = seq.params
-        logits = logits.float() / p.temperature
+        # in float64 and from the maximum down: a tiny temperature (1e-45 passes validation)
+        # then sends the others to -inf instead of overflowing to inf - inf = nan
+        logits = logits.double()
+        logits = (logits - logits.max()) / p.temperature
         if p.top_k and p.top_k < logits.numel():
             kth = torch.topk(logits, p.top_k).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))

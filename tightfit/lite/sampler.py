@@ -27,11 +27,12 @@ class Sampler:
         rng = self._rngs.get(seq.request_id)
         if rng is None:
             rng = self._rngs[seq.request_id] = np.random.default_rng(p.seed)
-        z = logits.astype(np.float64) / p.temperature
+        z = logits.astype(np.float64)
+        with np.errstate(over="ignore"):  # from the maximum down: a tiny temperature gives the
+            z = (z - z.max()) / p.temperature  # others -inf, not an overflow to inf - inf = nan
         if p.top_k and p.top_k < z.size:
             kth = np.partition(z, -p.top_k)[-p.top_k]
             z = np.where(z < kth, -np.inf, z)
-        z -= z.max()
         probs = np.exp(z)
         probs /= probs.sum()
         if p.top_p < 1.0:
