@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import time
-import uuid
 from typing import Any
 
 from tightfit.config import EngineConfig
@@ -18,8 +17,7 @@ from tightfit.engine.runner import ModelRunner, num_kv_blocks
 from tightfit.engine.sampler import Sampler
 from tightfit.engine.sampling_params import SamplingParams
 from tightfit.engine.scheduler import Scheduler
-from tightfit.engine.text import TextState, next_token_finish, request_output
-from tightfit.errors import RequestError
+from tightfit.engine.text import TextState, next_token_finish, new_request, request_output
 
 
 class LLMEngine:
@@ -44,7 +42,7 @@ class LLMEngine:
         self.scheduler.cost.block_bytes = self.runner.block_bytes
         self.sampler = Sampler()
         self._seqs: dict[str, Sequence] = {}
-        self._text: dict[str, _TextState] = {}
+        self._text: dict[str, TextState] = {}
         self._arrivals = itertools.count()
         self.num_steps = 0
 
@@ -54,34 +52,16 @@ class LLMEngine:
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, priority: int = 0) -> str:
-        params = params or SamplingParams()
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self._validate_prompt(ids)
-        rid = request_id or uuid.uuid4().hex
-        if rid in self._seqs:
-            raise RequestError(f"request id {rid!r} is already in use")
-        seq = Sequence(rid, ids, params, priority, next(self._arrivals),
-                       prompt if isinstance(prompt, str) else None)
-        self.scheduler.add(seq)  # may refuse: too long for every tier, queue full
-        self._seqs[rid] = seq
-        stops = tuple(params.stop)
-        self._text[rid] = TextState(
-            self.tokenizer.incremental_decoder(skip_special_tokens=params.skip_special_tokens), stops)
-        return rid
-
-    def _validate_prompt(self, ids: list[int]) -> None:
-        if not ids:
-            raise RequestError("the prompt is empty: give at least one token")
         limit = min(self.max_model_len, self.kv_capacity_tokens)
-        if len(ids) >= limit:
-            raise RequestError(
-                f"prompt has {len(ids)} tokens but the context window is {limit} tokens "
-                f"(max_model_len={self.max_model_len}, KV pool={self.kv_capacity_tokens} tokens): "
-                "shorten the prompt or raise --max-model-len / the KV cache size")
-        bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
-        if bad:
-            raise RequestError(
-                f"token id {bad[0]} is outside the vocabulary (0..{self.model_config.vocab_size - 1})")
+        seq, state = new_request(
+            self.tokenizer, prompt, params, request_id, priority, next(self._arrivals),
+            self._seqs, self.model_config.vocab_size, limit,
+            f"max_model_len={self.max_model_len}, KV pool={self.kv_capacity_tokens} tokens",
+            "raise --max-model-len / the KV cache size")
+        self.scheduler.add(seq)  # may refuse: too long for every tier, queue full
+        self._seqs[seq.request_id] = seq
+        self._text[seq.request_id] = state
+        return seq.request_id
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -1,11 +1,43 @@
-"""Per-request text and stop conditions, shared by the torch engine (engine.py) and the lite
-runtime (tightfit.lite): incremental detokenising that holds back a tail which may start a stop
-string, and the decision whether a new token ends the request. Torch-free."""
+"""A request's life outside the model, shared by the torch engine (engine.py) and the lite
+runtime (tightfit.lite): its admission checks and state (`new_request`), incremental
+detokenising that holds back a tail which may start a stop string, the decision whether a new
+token ends the request, and the output a step returns. Torch-free."""
 from __future__ import annotations
 
+import uuid
+from collections.abc import Container
 from typing import Any
 
 from tightfit.engine.request import RequestOutput, Sequence
+from tightfit.engine.sampling_params import SamplingParams
+from tightfit.errors import RequestError
+
+
+def new_request(tokenizer: Any, prompt: str | list[int], params: SamplingParams | None,
+                request_id: str | None, priority: int, arrival_index: int, in_use: Container[str],
+                vocab_size: int, window: int, window_detail: str, window_fix: str
+                ) -> tuple[Sequence, TextState]:
+    """Encodes and checks a prompt (not empty, shorter than the `window` a sequence may fill,
+    token ids in the vocabulary, an unused request id); returns the sequence and its text
+    state. `window_detail` / `window_fix` name the engine's own limits in the error."""
+    params = params or SamplingParams()
+    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    if not ids:
+        raise RequestError("the prompt is empty: give at least one token")
+    if len(ids) >= window:
+        raise RequestError(f"prompt has {len(ids)} tokens but the context window is {window} "
+                           f"tokens ({window_detail}): shorten the prompt or {window_fix}")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise RequestError(f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})")
+    rid = request_id or uuid.uuid4().hex
+    if rid in in_use:
+        raise RequestError(f"request id {rid!r} is already in use")
+    seq = Sequence(rid, ids, params, priority, arrival_index,
+                   prompt if isinstance(prompt, str) else None)
+    state = TextState(tokenizer.incremental_decoder(skip_special_tokens=params.skip_special_tokens),
+                      tuple(params.stop))
+    return seq, state
 
 
 class TextState:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,8 +22,8 @@ from typing import Any
 from tightfit.engine.frontend import GenerateMixin
 from tightfit.engine.request import RequestOutput, Sequence, Status
 from tightfit.engine.sampling_params import SamplingParams
-from tightfit.engine.text import TextState, next_token_finish, request_output
-from tightfit.errors import RequestError, TightfitError
+from tightfit.engine.text import TextState, new_request, next_token_finish, request_output
+from tightfit.errors import TightfitError
 from tightfit.lite.runtime import LiteModel
 from tightfit.lite.sampler import Sampler
 
@@ -68,29 +67,13 @@ class LiteEngine:
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, priority: int = 0) -> str:
-        params = params or SamplingParams()
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not ids:
-            raise RequestError("the prompt is empty: give at least one token")
-        if len(ids) >= self.max_model_len:
-            raise RequestError(
-                f"prompt has {len(ids)} tokens but the context window is {self.max_model_len} "
-                "tokens (max_model_len): shorten the prompt or raise --max-model-len")
-        bad = [t for t in ids if not 0 <= t < self.model.vocab_size]
-        if bad:
-            raise RequestError(f"token id {bad[0]} is outside the vocabulary "
-                               f"(0..{self.model.vocab_size - 1})")
-        rid = request_id or uuid.uuid4().hex
-        if rid in self._seqs:
-            raise RequestError(f"request id {rid!r} is already in use")
-        seq = Sequence(rid, ids, params, priority, next(self._arrivals),
-                       prompt if isinstance(prompt, str) else None)
-        self._seqs[rid] = seq
-        self._text[rid] = TextState(
-            self.tokenizer.incremental_decoder(skip_special_tokens=params.skip_special_tokens),
-            tuple(params.stop))
+        seq, state = new_request(self.tokenizer, prompt, params, request_id, priority,
+                                 next(self._arrivals), self._seqs, self.model.vocab_size,
+                                 self.max_model_len, "max_model_len", "raise --max-model-len")
+        self._seqs[seq.request_id] = seq
+        self._text[seq.request_id] = state
         self.scheduler.waiting.append(seq)
-        return rid
+        return seq.request_id
 
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.running or self.scheduler.waiting)
