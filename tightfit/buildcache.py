@@ -1,5 +1,6 @@
-"""Where natively compiled parts of tightfit are cached, and what a `-march=native` build
-depends on. Torch-free, so that the lite runtime (tightfit.lite) can use it."""
+"""Where tightfit caches what it builds or measures (compiled kernels and the lite library,
+the machine fingerprint, fitted predictor models), and what a `-march=native` build depends on.
+Torch-free, so that the lite runtime and the predictor can use it."""
 from __future__ import annotations
 
 import hashlib

@@ -4,10 +4,18 @@ Each component receives only its own sub-config. Sizes are in tokens or bytes (n
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 
 from tightfit.errors import TightfitError
+
+
+def default_threads() -> int:
+    """The CPUs this process may run on (its affinity where the OS has one): the default thread
+    count of the engines and the machine fingerprint's logical CPUs."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else (os.cpu_count() or 1))
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
           "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}

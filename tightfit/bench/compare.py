@@ -171,11 +171,14 @@ class Comparison:
         return (t.ours, t.base) if t is not None and t.kind != "abs_max" else \
             ("tightfit", self.suite.base)
 
-    def ratio(self, metric: str, backend: str | None = None) -> float | None:
-        ours_col, base_col = self._pair(metric)
-        ours = self.values.get(backend or ours_col, {}).get(metric)
+    def _ratio(self, metric: str, ours_col: str, base_col: str) -> float | None:
+        ours = self.values.get(ours_col, {}).get(metric)
         base = self.values.get(base_col, {}).get(metric)
         return ours / base if ours is not None and base else None
+
+    def ratio(self, metric: str, backend: str | None = None) -> float | None:
+        ours_col, base_col = self._pair(metric)
+        return self._ratio(metric, backend or ours_col, base_col)
 
     def verdicts(self, alt: bool = False) -> dict[str, bool | None]:
         """Each target met or not (None: a column is missing); `alt`: the suite's second
@@ -188,9 +191,7 @@ class Comparison:
         t = self.suite.alt.get(metric)
         if t is None or t.kind == "abs_max":
             return None
-        ours = self.values.get(t.ours, {}).get(metric)
-        base = self.values.get(t.base, {}).get(metric)
-        return ours / base if ours is not None and base else None
+        return self._ratio(metric, t.ours, t.base)
 
     def to_json(self) -> dict[str, Any]:
         verdicts, alt = self.verdicts(), self.verdicts(alt=True)

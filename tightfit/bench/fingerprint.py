@@ -21,6 +21,9 @@ from typing import Any
 
 import psutil
 
+from tightfit.buildcache import cache_root
+from tightfit.config import default_threads
+
 # ISA features that decide which kernels run fast (x86 and Arm spellings).
 FLAGS_OF_INTEREST = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni",
                      "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "neon", "asimd",
@@ -30,8 +33,7 @@ LIBRARIES = {"torch": "torch", "transformers": "transformers", "numpy": "numpy",
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("TIGHTFIT_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "tightfit"
+    return cache_root()
 
 
 def cpu_model_and_flags() -> tuple[str | None, list[str]]:
@@ -51,9 +53,7 @@ def cpu_model_and_flags() -> tuple[str | None, list[str]]:
 
 
 def logical_cpus() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    return default_threads()
 
 
 def machine_id(cpu_model: str | None, cores: int | None, mem_bytes: int) -> str:

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
                             "quantised files by that suffix)")
     import torch
 
-    from tightfit.engine.llm import default_threads
+    from tightfit.config import default_threads
     from tightfit.engine.loader.model_loader import load_model
     from tightfit.engine.loader.quantized import save_quantized
 

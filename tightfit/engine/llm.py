@@ -13,16 +13,12 @@ from typing import Any
 
 import torch
 
-from tightfit.config import KV_DTYPES, CacheConfig, EngineConfig, SchedulerConfig, parse_bytes
+from tightfit.config import (KV_DTYPES, CacheConfig, EngineConfig, SchedulerConfig, default_threads,
+                             parse_bytes)
 from tightfit.engine.engine import LLMEngine
 from tightfit.engine.frontend import GenerateMixin
 from tightfit.engine.loader.model_loader import load_model
 from tightfit.errors import TightfitError
-
-
-def default_threads() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-               else (os.cpu_count() or 1))
 
 
 class LLM(GenerateMixin):

@@ -6,19 +6,17 @@ from __future__ import annotations
 import sys
 
 from tightfit.errors import TightfitError
-from tightfit.lite.runtime import build, library
+from tightfit.lite.runtime import SIMD, library, library_path
 
 
 def main() -> int:
     try:
-        path = build()
         lib = library()
     except (TightfitError, OSError) as exc:
         print(f"tightfit lite runtime not built ({exc}); `--runtime lite` will say so again",
               file=sys.stderr)
         return 0
-    simd = ("plain C", "avx2", "avx512-vnni")[lib.tf_simd()]
-    print(f"tightfit lite runtime: {path} ({simd})")
+    print(f"tightfit lite runtime: {library_path()} ({SIMD[lib.tf_simd()]})")
     return 0
 
 

@@ -27,17 +27,23 @@ from pathlib import Path
 import numpy as np
 
 from tightfit.buildcache import cache_root, cpu_key
+from tightfit.config import default_threads
 from tightfit.errors import RequestError, TightfitError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("lite.c")
 TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0"}  # GGML type id -> name
-PREFILL_CHUNK = 512  # prompt tokens a call: bounds the call's scratch (~14 MB for this model)
+SIMD = ("plain C", "avx2", "avx512-vnni")  # what tf_simd() returns, by value
 _SLOTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
           "attn_norm", "ffn_norm")
 _ERRORS = {-1: "a token id or output row out of range", -2: "a position beyond the context",
            -3: "a sequence slot out of range", -4: "out of memory for the call's scratch"}
 _libs: dict[str, ctypes.CDLL] = {}
+
+
+def _march(march: str | None) -> str:
+    """-march for the build: the argument, else TIGHTFIT_LITE_MARCH, else native."""
+    return os.environ.get("TIGHTFIT_LITE_MARCH", "native") if march is None else march
 
 
 def _flags(march: str) -> list[str]:
@@ -47,14 +53,14 @@ def _flags(march: str) -> list[str]:
 
 def library_path(march: str | None = None) -> Path:
     """One file per (CPU, source, flags), shared by checkouts with the same source."""
-    march = os.environ.get("TIGHTFIT_LITE_MARCH", "native") if march is None else march
+    march = _march(march)
     src = hashlib.sha1(SOURCE.read_bytes() + " ".join(_flags(march)).encode()).hexdigest()[:12]
     return cache_root() / "lite" / f"{cpu_key()}-{src}" / "libtightfit_lite.so"
 
 
 def build(march: str | None = None) -> Path:
     """Compiles lite.c (first time; ~2 s) and returns the library's path."""
-    march = os.environ.get("TIGHTFIT_LITE_MARCH", "native") if march is None else march
+    march = _march(march)
     path = library_path(march)
     if path.exists():
         return path
@@ -124,7 +130,7 @@ class LiteModel:
             raise TightfitError(f"max_model_len must be an integer >= 1, got {max_model_len!r}")
         if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise TightfitError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
-        self.threads = threads or len(os.sched_getaffinity(0))
+        self.threads = threads or default_threads()
         if not isinstance(self.threads, int) or self.threads < 1:
             raise TightfitError(f"threads must be an integer >= 1, got {threads!r}")
         path = resolve_model(model)
@@ -210,7 +216,7 @@ class LiteModel:
 
     @property
     def simd(self) -> str:
-        return ("plain C", "avx2", "avx512-vnni")[self.lib.tf_simd()]
+        return SIMD[self.lib.tf_simd()]
 
     def release(self, slot: int) -> None:
         """Hands a finished sequence's K/V pages back to the system."""
@@ -245,15 +251,3 @@ class LiteModel:
         if rc != 0:
             raise TightfitError(f"lite forward failed: {_ERRORS.get(rc, rc)}")
         return logits
-
-    def prefill(self, prompt: Sequence[int], slot: int = 0, start: int = 0) -> np.ndarray:
-        """Writes the prompt's K/V into `slot` from position `start`, in chunks; returns the last
-        token's logits [vocab]."""
-        logits = None
-        for lo in range(0, len(prompt), PREFILL_CHUNK):
-            chunk = prompt[lo:lo + PREFILL_CHUNK]
-            n = len(chunk)
-            logits = self.forward(chunk, [slot] * n, range(start + lo, start + lo + n), [n - 1])
-        if logits is None:
-            raise RequestError("the prompt is empty: give at least one token")
-        return logits[0]

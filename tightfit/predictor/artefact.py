@@ -5,10 +5,10 @@ After changing features, refresh the packaged file: `tightfit predictor fit -o <
 """
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from pathlib import Path
 
+from tightfit.buildcache import cache_root
 from tightfit.predictor import datasets
 from tightfit.predictor.models import PredictorModel
 
@@ -16,8 +16,7 @@ PACKAGED = Path(__file__).parent / "data" / "model.json"
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("TIGHTFIT_CACHE")
-    return Path(env) / "predictor" if env else Path.home() / ".cache" / "tightfit" / "predictor"
+    return cache_root() / "predictor"
 
 
 def fit_and_save(path: Path | None = None) -> PredictorModel:
