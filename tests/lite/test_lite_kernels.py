@@ -49,7 +49,7 @@ def _quantised(x: np.ndarray) -> np.ndarray:
 TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
 
 
-@pytest.mark.parametrize("march", [None, "x86-64"], ids=["native", "plain-c"])
+@pytest.mark.parametrize("march", [None, "haswell", "x86-64"], ids=["native", "avx2", "plain-c"])
 @pytest.mark.parametrize("kind", list(TYPES))
 @pytest.mark.parametrize("n", [1, 3, 4, 9])
 def test_kernel_matches_the_reference(march: str | None, kind: str, n: int) -> None:
@@ -87,3 +87,22 @@ def test_bad_shapes_are_refused() -> None:
                          y.ctypes.data_as(fp), 1) == -1  # 40 is not whole 32-value blocks
     assert lib.tf_linear(5, 4, 32, raw.ctypes.data, 1, x.ctypes.data_as(fp),
                          y.ctypes.data_as(fp), 1) == -1  # type 5 (Q5_0) is not read
+
+
+@pytest.mark.parametrize("march", [None, "x86-64"], ids=["native", "plain-c"])
+@pytest.mark.parametrize("kind", ["F32", "F16"])
+@pytest.mark.parametrize("cols", [44, 109])
+def test_float_rows_of_any_width(march: str | None, kind: str, cols: int) -> None:
+    """Float weights need not come in 32-value blocks: the vector loops' 8-wide steps and the
+    scalar tail after them, one token and four."""
+    lib = library(march)
+    fp = ctypes.POINTER(ctypes.c_float)
+    w = rng.standard_normal((ROWS, cols)).astype(np.float32)
+    raw = w if kind == "F32" else w.astype(np.float16)
+    for n in (1, 4, 5):
+        x = rng.standard_normal((n, cols)).astype(np.float32)
+        y = np.empty((n, ROWS), dtype=np.float32)
+        assert lib.tf_linear(TYPES[kind], ROWS, cols, raw.ctypes.data, n,
+                             x.ctypes.data_as(fp), y.ctypes.data_as(fp), 2) == 0
+        np.testing.assert_allclose(y, x.astype(np.float64) @ raw.astype(np.float64).T,
+                                   rtol=1e-4, atol=1e-4)

@@ -264,7 +264,54 @@ static void dot4_q8_0(const uint8_t *w, const blockq8 *x, size_t xs, int nb, flo
 }
 #endif
 
+#ifdef TF_AVX2
+// Float weights (F32, or F16 widened with F16C): up to four activation rows (x, x + k, ...)
+// against one weight row, each weight vector loaded (and widened) once for all of them. One
+// row alone gets four accumulators, so the multiply-adds do not wait on each other. The scalar
+// loop below it is a strict left-to-right sum the compiler may not reorder, ~2 GFLOP/s.
+#define TF_LOAD8(w, j, f16) ((f16) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((w) + 2 * (j)))) \
+                                   : _mm256_loadu_ps((const float *)(w) + (j)))
+static void dotn_float(const tensor *t, int r, const float *x, int n, float *out) {
+    const uint8_t *w = t->data + (size_t)r * t->row_bytes;
+    const int k = t->cols, f16 = t->type == T_F16;
+    int j = 0;
+    if (n == 1) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (; j + 32 <= k; j += 32) {
+            a0 = _mm256_fmadd_ps(TF_LOAD8(w, j, f16), _mm256_loadu_ps(x + j), a0);
+            a1 = _mm256_fmadd_ps(TF_LOAD8(w, j + 8, f16), _mm256_loadu_ps(x + j + 8), a1);
+            a2 = _mm256_fmadd_ps(TF_LOAD8(w, j + 16, f16), _mm256_loadu_ps(x + j + 16), a2);
+            a3 = _mm256_fmadd_ps(TF_LOAD8(w, j + 24, f16), _mm256_loadu_ps(x + j + 24), a3);
+        }
+        for (; j + 8 <= k; j += 8)
+            a0 = _mm256_fmadd_ps(TF_LOAD8(w, j, f16), _mm256_loadu_ps(x + j), a0);
+        out[0] = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    } else {
+        __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                       _mm256_setzero_ps()};
+        for (; j + 8 <= k; j += 8) {
+            const __m256 wv = TF_LOAD8(w, j, f16);
+            a[0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + j), a[0]);
+            a[1] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + k + j), a[1]);
+            if (n > 2) a[2] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 2 * k + j), a[2]);
+            if (n > 3) a[3] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 3 * k + j), a[3]);
+        }
+        for (int i = 0; i < n; i++) out[i] = hsum8(a[i]);
+    }
+    for (; j < k; j++) {  // a width that is not a multiple of 8
+        const float wj = f16 ? h2f(w + 2 * j) : ((const float *)w)[j];
+        for (int i = 0; i < n; i++) out[i] += wj * x[(size_t)i * k + j];
+    }
+}
+#undef TF_LOAD8
+#endif
+
 static float dot_float(const tensor *t, int r, const float *x) {
+#ifdef TF_AVX2
+    float v;
+    dotn_float(t, r, x, 1, &v);
+    return v;
+#else
     float acc = 0.f;
     if (t->type == T_F32) {
         const float *w = (const float *)(t->data + (size_t)r * t->row_bytes);
@@ -274,6 +321,7 @@ static float dot_float(const tensor *t, int r, const float *x) {
         for (int j = 0; j < t->cols; j++) acc += h2f(w + 2 * j) * x[j];
     }
     return acc;
+#endif
 }
 
 static inline float dot_row(const tensor *t, int r, const blockq8 *xq, const float *xf) {
@@ -310,6 +358,17 @@ static void matmul(const tensor **ws, float **ys, int nw, const blockq8 *xq, con
                 if (w->type == T_Q8_0) dot4_q8_0(wr, xq + (size_t)t * nb, nb, nb, v);
                 else dot4_q4(wr, xq + (size_t)t * nb, nb, nb, w->type == T_Q4_1, v);
                 for (int j = 0; j < 4; j++) {
+                    if (add) y[(size_t)(t + j) * ld + r] += v[j]; else y[(size_t)(t + j) * ld + r] = v[j];
+                }
+            }
+        }
+#endif
+#ifdef TF_AVX2
+        if (w->type == T_F32 || w->type == T_F16) {
+            for (float v[4]; t < n; t += 4) {
+                const int m = n - t < 4 ? n - t : 4;
+                dotn_float(w, r, xf + (size_t)t * k, m, v);
+                for (int j = 0; j < m; j++) {
                     if (add) y[(size_t)(t + j) * ld + r] += v[j]; else y[(size_t)(t + j) * ld + r] = v[j];
                 }
             }

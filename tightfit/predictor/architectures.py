@@ -179,7 +179,7 @@ def clean_name(raw: str) -> str:
     """Lower-case model name without path, extension, organisation prefix or quant suffix."""
     s = raw.strip().rsplit("/", 1)[-1]
     s = re.sub(r"\.gguf$", "", s, flags=re.IGNORECASE)
-    s = re.sub(r"[-_.](?:ud-)?(?:i?q\d(?:_[0-9a-z]+)*|f16|bf16|f32|mxfp4|nvfp4)(?:-fp16)?$", "",
+    s = re.sub(r"[-_.:](?:ud-)?(?:i?q\d(?:_[0-9a-z]+)*|f16|bf16|f32|mxfp4|nvfp4)(?:-fp16)?$", "",
                s, flags=re.IGNORECASE)
     return s.lower()
 

@@ -1,7 +1,10 @@
 """Finds model files: the embedded default model, the packaged Gemma 3 270M, or a user path.
 
 Packaged models are located through importlib (never a hard-coded site-packages path). Does not
-download anything: there is no model hub at run time.
+download anything: there is no model hub at run time. A packaged name with a GGUF type as its
+tag (`default:Q8_0`, `gemma3:F16`, as ollama tags a model's quantisation) is that file re-typed
+once into the cache (`tightfit quantize` does the same to any file): the same model in the
+formats the lite runtime reads, for measurements across weight formats.
 """
 from __future__ import annotations
 
@@ -46,6 +49,23 @@ def _gemma3_path() -> Path:
     return Path(pkg.assemble())
 
 
+def _packaged(alias: str) -> Path:
+    return _smollm2_path() if ALIASES[alias] == "smollm2-135m" else _gemma3_path()
+
+
+def _retyped(name: str, tag: str) -> Path:
+    """The packaged model `name` re-typed to `tag`, written into the cache on first use."""
+    from tightfit.buildcache import cache_root
+    from tightfit.engine.loader.convert import convert, target_type
+
+    target = target_type(tag)
+    src = _packaged(name)
+    dst = cache_root() / "gguf" / f"{src.stem}.{target}.gguf"
+    if not dst.is_file() or dst.stat().st_mtime < src.stat().st_mtime:
+        convert(src, dst, target)
+    return dst
+
+
 def resolve_model(model: str | Path | None) -> Path:
     """Returns the path of a GGUF file or HF-layout directory for `model`.
 
@@ -56,11 +76,15 @@ def resolve_model(model: str | Path | None) -> Path:
         return _smollm2_path()
     key = str(model).lower()
     if key in ALIASES and not Path(str(model)).exists():
-        return _smollm2_path() if ALIASES[key] == "smollm2-135m" else _gemma3_path()
+        return _packaged(key)
+    name, sep, tag = key.partition(":")
+    if sep and name in ALIASES and not Path(str(model)).exists():
+        return _retyped(name, tag)
     path = Path(model).expanduser()
     if not path.exists():
         raise ModelFileError(
             f"model {str(model)!r} not found: pass a .gguf file, a directory holding config.json "
-            f"and *.safetensors, or one of {sorted(set(ALIASES))}"
+            f"and *.safetensors, or one of {sorted(set(ALIASES))} (optionally tagged with a GGUF "
+            "type to re-type it: default:Q8_0, default:F16, ...)"
         )
     return path
