@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     ev.add_argument("--json", action="store_true", help="print the results as JSON")
     ev.set_defaults(func=run_evaluate)
     sc = sub.add_parser("score", help="the shipped model against measured runs, nothing fitted "
-                                      "(engines it was not fitted on, new measurements)")
+                                      "(new measurements before they join the fit)")
     sc.add_argument("measurements", nargs="+", metavar="FILE",
                     help="tightfit dataset JSONL, e.g. data/measurements/cpu-2core.jsonl")
     sc.add_argument("--json", action="store_true", help="print the results as JSON")

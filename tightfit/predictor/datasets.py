@@ -245,17 +245,11 @@ def own_device(hw: Any) -> DeviceSpec:
                       None, bw, 1, cores)
 
 
-# Engines the learned residual has no feature for: their rows are scored, never fitted on
-# (`tightfit predictor score`), so they cannot pull another engine's residual towards them.
-UNFITTED_ENGINES = ("tightfit-lite",)
-
-
-def load_own(paths: list[str | Path], include_unfitted: bool = False
-             ) -> tuple[list[Observation], Counter[str]]:
+def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:
     """Single-stream runs of tightfit's dataset -> observations (decode tok/s, prefill tok/s,
     TTFT, peak memory). Rules, each counted: failed runs, runs with more than one stream (the
-    predictor's contract is batch 1 here), runs the harness flagged as contended, and runs of
-    an engine in UNFITTED_ENGINES unless `include_unfitted`."""
+    predictor's contract is batch 1 here), runs the harness flagged as contended, and backends
+    the predictor has no engine for."""
     from tightfit.data import read_measurements
 
     dropped: Counter[str] = Counter()
@@ -272,7 +266,7 @@ def load_own(paths: list[str | Path], include_unfitted: bool = False
             dropped["contended machine (load from other processes)"] += 1
             continue
         engine = _BACKEND_ENGINE.get(c.backend)
-        if engine is None or (engine in UNFITTED_ENGINES and not include_unfitted):
+        if engine is None:
             dropped[f"backend {c.backend}"] += 1
             continue
         model = architectures.ModelSpec(

@@ -5,7 +5,7 @@ learned residual (models.py) corrects them per engine and device class from meas
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 ENGINES = ("llama.cpp", "tightfit", "hf-transformers", "tightfit-lite")
 # the lite runtime (tightfit/lite) reads these stored formats only, on the CPU
@@ -41,8 +41,23 @@ def canonical_engine(name: str) -> str | None:
     return key if key in ENGINES else None
 
 
-def profile(engine: str, device_class: str) -> EngineProfile:
-    """Priors for an engine (canonical name) on a device class."""
+def profile(engine: str, device_class: str, quant: str | None = None) -> EngineProfile:
+    """Priors for an engine (canonical name) on a device class, and where it matters the
+    stored format (`quant`, lower case)."""
+    base = _profile(engine, device_class)
+    if engine == "llama.cpp" and device_class == "cpu" and quant == "q4_0":
+        # ggml's CPU backend repacks Q4_0 weights at load into interleaved rows for its
+        # matrix kernels (its "CPU_REPACK" buffer), so Q4_0 computes faster than the other
+        # block types there. Measured on this machine, llama-cpp-python on the default model
+        # as stored (Q4_1) and re-typed to Q4_0, alternating, 2 threads, 128-token prompt
+        # (2026-12-04 19:00 UTC, two rounds): prefill 285-313 vs 749-861 tok/s (2.4-3.0x),
+        # decode 115-120 vs 144-154 (1.26-1.29x).
+        return replace(base, comp_eff=base.comp_eff * 2.5,
+                       decode_comp_eff=base.decode_comp_eff * 1.3)
+    return base
+
+
+def _profile(engine: str, device_class: str) -> EngineProfile:
     cpu = device_class == "cpu"
     if engine == "llama.cpp":
         if cpu:
@@ -51,14 +66,17 @@ def profile(engine: str, device_class: str) -> EngineProfile:
         return EngineProfile(0.75, 0.5, 0.5, 6e-4, 2e-5, 0.02, 80, 300, False, "layer_split")
     if engine == "tightfit-lite":
         # The lite runtime computes as llama.cpp does (the stored blocks against activations
-        # rounded to int8 per 32 values, one thread pool, prompts in calls of <= 512 tokens), so
-        # its speed priors are llama.cpp's CPU ones, and the learned residual treats it as
-        # llama.cpp too (it has no engine feature of its own: no lite row was in the fit).
+        # rounded to int8 per 32 values, one thread pool, prompts in calls of <= 512 tokens).
+        # Decode from a component measurement of its matrix kernel alone (tf_linear, one 8192 x
+        # 8192 matrix, 2026-12-04): one token runs ~34 GFLOP/s a thread on Q4_0/Q4_1/Q8_0 (a
+        # third of this machine's one-thread GEMM probe: decode_comp_eff 0.33), and two threads
+        # stream 20 GB/s of Q4 and 25 GB/s of Q8_0 against the 25.6 GB/s copy rate (bw_eff 0.8).
+        # The learned residual has an engine feature of its own (features.engine_lite).
         # Memory from a component measurement (2026-12-04, default model, 49,152 entries): a
         # process that has imported tightfit.lite and loaded its library holds 40 MiB, 73 MiB
         # once the GGUF header is parsed and the tokenizer built, before any weight page is
         # read: 58 MiB + the torch engine's 315 B a vocab entry (the same tokenizer code).
-        return EngineProfile(0.6, 0.5, 0.3, 4e-4, 2e-5, 0.01, 58, 0, False, "layer_split",
+        return EngineProfile(0.8, 0.5, 0.33, 4e-4, 2e-5, 0.01, 58, 0, False, "layer_split",
                              tokenizer_bytes_per_token=315)
     if engine == "hf-transformers":
         if cpu:  # memory: `import torch, transformers` 239 MiB + ~160 MiB kept after loading

@@ -11,7 +11,7 @@ from tightfit.predictor.hardware import CLASSES
 from tightfit.predictor.roofline import Breakdown, Phase
 from tightfit.predictor.scenario import Scenario
 
-ENGINE_FEATURES = ("engine_hf", "engine_tightfit")
+ENGINE_FEATURES = ("engine_hf", "engine_tightfit", "engine_lite")
 BRIEF_FEATURES = ("lambda_mem", "lambda_comp", "lambda_quant", "lambda_all")
 # Phases whose default candidates include the brief's factors. Decided by the held-out ablation
 # (`tightfit predictor evaluate --split device --brief-factors all|none`, docs/predictor.md):
@@ -68,6 +68,7 @@ def features(s: Scenario, b: Breakdown, phase: str) -> dict[str, float]:
         "k_quant": 1.0 if "_k" in s.quant else 0.0,
         "engine_hf": 1.0 if s.engine == "hf-transformers" else 0.0,
         "engine_tightfit": 1.0 if s.engine == "tightfit" else 0.0,
+        "engine_lite": 1.0 if s.engine == "tightfit-lite" else 0.0,
     }
     f.update({f"class_{c}": 1.0 if d.device_class == c else 0.0 for c in CLASSES})
     f.update(_shares(b.decode if phase == "decode" else b.prefill))

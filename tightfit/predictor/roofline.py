@@ -101,7 +101,7 @@ def prefill_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tupl
 
 def analyse(s: Scenario) -> Breakdown:
     """The analytic base for one scenario."""
-    prof = profile(s.engine, s.device.device_class)
+    prof = profile(s.engine, s.device.device_class, s.quant)
     mem = memory.estimate(s, prof)
     dec, step_bytes, step_flops = decode_phase(s, prof, mem)
     pre, pre_flops = prefill_phase(s, prof, mem)

@@ -70,12 +70,16 @@ def _r2(y: Sequence[float], p: Sequence[float]) -> float:
 
 def select(rows: Sequence[dict[str, float]], y: Sequence[float], groups: Sequence[str],
            candidates: Sequence[str], phase: str, weights: Sequence[float] | None = None,
-           min_gain: float = 0.01, max_gap_growth: float = 0.02, max_crosses: int = 3) -> Selection:
+           min_gain: float = 0.01, max_gap_growth: float = 0.02, max_crosses: int = 3,
+           always: Sequence[str] = ()) -> Selection:
+    """`always`: candidates kept whatever their sensitivity (the residual's keys, e.g. the
+    engine flags: when one device carries every run of an engine, device-grouped CV cannot see
+    what an engine flag is worth, since holding that device out leaves the flag untrained)."""
     full = models.fit(phase, rows, y, candidates, (), weights)
     sens = sensitivity(full, rows)
     best = (-1e9, 0.0, list(candidates))
     for t in THRESHOLDS:
-        kept = [n for n in candidates if sens[n] >= t]
+        kept = [n for n in candidates if sens[n] >= t or n in always]
         cv, _ = cv_scores(rows, y, groups, kept, (), phase, weights)
         if cv > best[0] + 1e-3:  # a larger threshold must win by a margin to replace a smaller one
             best = (cv, t, kept)
