@@ -137,3 +137,25 @@ def test_llama_cpp_computes_q4_0_faster_on_a_cpu_only() -> None:
     assert p40 > 1.8 * p41 and d40 > d41
     (g40, _), (g41, _) = rates("gpu", "Q4_0"), rates("gpu", "Q4_1")
     assert g40 / g41 < 1.2
+
+
+def test_prefill_gives_a_class_it_never_saw_the_analytic_base_alone(tmp_path) -> None:
+    """With `unseen_class_physics` (prefill's residual), a device of a class with no training
+    row gets no correction; seen classes keep theirs; it survives the JSON round trip. The
+    packaged model sets it for prefill only."""
+    from dataclasses import replace
+
+    from tightfit.predictor import artefact
+
+    rows = [{"bw": 0.1 * i, "class_gpu": 0.0, "class_cpu": 1.0, "class_edge": 0.0}
+            for i in range(20)]
+    m = replace(models.fit("prefill", rows, [0.5 + r["bw"] for r in rows], ["bw"], []),
+                unseen_class_physics=True)
+    cpu = rows[5]
+    edge = {**cpu, "class_cpu": 0.0, "class_edge": 1.0}
+    assert abs(m.predict_log(cpu) - 1.0) < 0.1 and m.predict_log(edge) == 0.0
+    pm = models.PredictorModel(m, m, "h")
+    pm.save(tmp_path / "m.json")
+    assert models.PredictorModel.load(tmp_path / "m.json").prefill.predict_log(edge) == 0.0
+    shipped = artefact.load()
+    assert shipped.prefill.unseen_class_physics and not shipped.decode.unseen_class_physics

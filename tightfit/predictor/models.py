@@ -36,8 +36,13 @@ class ResidualModel:
     # that GPUs and Apple chips taught (a 77 GB/s Xeon extrapolated from a 25 GB/s EPYC along
     # the GPUs' bandwidth trend came out 2.3x too fast).
     class_z: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict)
+    # True: a device of a class with no training row gets no residual (the analytic base alone)
+    # instead of the slopes other classes taught (features.PHYSICS_FOR_UNSEEN_CLASS).
+    unseen_class_physics: bool = False
 
     def predict_log(self, feats: dict[str, float]) -> float:
+        if self.unseen_class_physics and self.class_z and device_class_of(feats) not in self.class_z:
+            return 0.0
         z = {n: (feats[n] - mu) / sd for n, mu, sd in zip(self.base, self.mean, self.scale)}
         lo_hi = self.class_z.get(device_class_of(feats)) or (self.z_lo, self.z_hi)
         if lo_hi[0]:
@@ -60,6 +65,7 @@ class ResidualModel:
             z_lo=tuple(d.get("z_lo", ())), z_hi=tuple(d.get("z_hi", ())),  # type: ignore[arg-type]
             class_z={str(k): (tuple(v[0]), tuple(v[1]))  # type: ignore[index]
                      for k, v in dict(d.get("class_z", {})).items()},  # type: ignore[call-overload]
+            unseen_class_physics=bool(d.get("unseen_class_physics", False)),
         )
 
 

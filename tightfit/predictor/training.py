@@ -62,7 +62,8 @@ def fit_phase(obs: Sequence[Observation], phase: str, candidates: Sequence[str] 
     model = models.fit(phase, smp.rows, smp.target, kept, crosses, smp.weights)
     interval = _band(smp, kept, crosses, phase) if band else model.interval
     info["n_rows"] = len(smp.rows)
-    return replace(model, interval=interval, info=info)
+    return replace(model, interval=interval, info=info,
+                   unseen_class_physics=phase in features.PHYSICS_FOR_UNSEEN_CLASS)
 
 
 def _band(smp: Sample, kept: list[str], crosses: list[tuple[str, str]],
