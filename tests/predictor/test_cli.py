@@ -117,3 +117,22 @@ def test_the_documented_example_file(tmp_path) -> None:
     assert 0 < rows["1050ti-llama3-8b"]["offload_fraction"] < 1
     assert rows["cpu-tightfit-gemma3"]["memory"]["peak_phase"] == "load"
     assert main(["check", "--input", str(example), "--ttft-slo", "0.5", "--tpot-slo", "0.05"]) == 1
+
+
+def test_a_reader_that_stops_early_is_not_a_crash(tmp_path) -> None:
+    """`tightfit check ... | head -1`: the closed pipe ends the command quietly (rc 141, as
+    Unix tools do), not with a traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "scenarios.jsonl"
+    many = tmp_path / "many.jsonl"
+    lines = example.read_text().splitlines()
+    many.write_text("\n".join(line.replace('"id": "', f'"id": "r{i}-')
+                              for i in range(400) for line in lines) + "\n")
+    cmd = (f"{sys.executable} -m tightfit check --input {many} --ttft-slo 0.5 "
+           "--tpot-slo 0.05 | head -1; echo rc=${PIPESTATUS[0]}")
+    r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert r.stdout.startswith("ok ") and "rc=141" in r.stdout, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
