@@ -459,6 +459,13 @@ static inline int att_chunk(int len) {
 }
 
 #ifdef TF_AVX2
+// K rows are read at a stride of all KV heads' width (n_kv * head_dim halves), one head's slice
+// each; perf put ~30% of a long-context step's attention on the loads' stalls. Asking for the row
+// this many positions ahead halved attention's time at 1,536 positions (one-off timing, one
+// thread: 8.0-8.4 -> 4.2-4.6 ms a step). A prefetch past the slot's end does not fault.
+#ifndef TF_PREFETCH_ROWS
+#define TF_PREFETCH_ROWS 8
+#endif
 // V rows [0, len) weighted by w[i * ch + j] into G outputs of hd floats, 8 values of every output
 // at a time held in registers (G is a constant where this is inlined, so acc[] stays in ymm).
 static inline __attribute__((always_inline)) void weigh_v(int G, const uint16_t *V, size_t kvd,
@@ -485,6 +492,8 @@ static inline __attribute__((always_inline)) void score_k(int G, const float *qg
                                                           int hd, float scale, float *sc, int ch) {
     for (int j = 0; j < len; j++) {
         const uint16_t *kj = K + (size_t)j * kvd;
+        _mm_prefetch((const char *)(kj + TF_PREFETCH_ROWS * kvd), _MM_HINT_T0);
+        _mm_prefetch((const char *)(kj + TF_PREFETCH_ROWS * kvd) + 64, _MM_HINT_T0);
         __m256 a0[8], a1[8];
         for (int i = 0; i < G; i++) a0[i] = a1[i] = _mm256_setzero_ps();
         int e = 0;
