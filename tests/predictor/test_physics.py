@@ -88,3 +88,22 @@ def test_apple_working_set_is_a_soft_cap(row) -> None:
     assert b.memory.fits and not b.memory.fits_on_device
     row["hardware"]["memory_gb"] = 16
     assert _analyse(row).memory.fits is False
+
+
+def test_lite_decode_slows_with_context_as_its_step_was_timed() -> None:
+    """The lite runtime's decode step timed alone, one thread: 7.4-7.5 ms at 16 positions,
+    11.7-12.1 ms at 1,536 (0.62-0.64x the rate). The base, with its attention at 0.65 of the
+    matrix rate (engines.attn_rel), must slow by more than 30%; at the matrix rate it said
+    0.71x."""
+    from tightfit.predictor.roofline import analyse
+    from tightfit.predictor.scenario import parse_row
+
+    def rate(prompt: int) -> float:
+        s = parse_row({"id": "x", "hardware": {"name": "cpu", "kind": "cpu", "memory_gb": 23.5,
+                                               "memory_bandwidth_gbps": 25.6,
+                                               "fp16_tflops": 0.1, "cpu_cores": 1},
+                       "model": "SmolLM2-135M", "quant": "Q4_1", "engine": "lite",
+                       "workload": {"prompt_tokens": prompt, "gen_tokens": 128}})
+        return 1 / analyse(s).decode.total
+
+    assert rate(1536) < 0.7 * rate(16)

@@ -33,6 +33,7 @@ class EngineProfile:
     tokenizer_bytes_per_token: float = 0.0  # host memory of the loaded tokenizer per vocab entry
     load_transient_mb: float = 0.0  # loader's fixed extra at its worst moment
     load_transient_share: float = 0.0  # ... plus this share of the largest tensor (embedding)
+    attn_rel: float = 1.0  # decode attention's FLOP rate as a fraction of the matrix rate
 
 
 def canonical_engine(name: str) -> str | None:
@@ -61,6 +62,12 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
     cpu = device_class == "cpu"
     if engine == "llama.cpp":
         if cpu:
+            # Attention at the matrix rate (attn_rel 1), although llama-bench tg64 on the default
+            # model at depth 0 and 1,536 (2026-12-04 20:08, 3 repetitions: 1 thread 88.5 -> 48.7
+            # tok/s, 2 threads 120.8 -> 80.4) puts it at 0.48 / 0.78 of that rate: with 0.6 here
+            # the held-out evaluation got worse overall (decode 16.1% -> 16.4%; own data 13.4%
+            # -> 12.9% but llmfit 19.6% -> 20.7%, its Xeon rows 26% -> 33%, which inherit this
+            # machine's llama.cpp residual), so it is not used.
             return EngineProfile(0.6, 0.5, 0.3, 4e-4, 2e-5, 0.01, 90, 0, False, "layer_split",
                                  tokenizer_bytes_per_token=300)
         return EngineProfile(0.75, 0.5, 0.5, 6e-4, 2e-5, 0.02, 80, 300, False, "layer_split")
@@ -76,8 +83,11 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
         # process that has imported tightfit.lite and loaded its library holds 40 MiB, 73 MiB
         # once the GGUF header is parsed and the tokenizer built, before any weight page is
         # read: 58 MiB + the torch engine's 315 B a vocab entry (the same tokenizer code).
+        # attn_rel: its decode step timed alone at 16 and 1,536 positions after the K prefetch
+        # (LiteModel.forward, best of 30, 2026-12-04 19:30): attention ran 23-25 GFLOP/s at one
+        # thread and 38-48 at two against the weights' 36 / 60-67 (0.65-0.7).
         return EngineProfile(0.8, 0.5, 0.33, 4e-4, 2e-5, 0.01, 58, 0, False, "layer_split",
-                             tokenizer_bytes_per_token=315)
+                             tokenizer_bytes_per_token=315, attn_rel=0.65)
     if engine == "hf-transformers":
         if cpu:  # memory: `import torch, transformers` 239 MiB + ~160 MiB kept after loading
             return EngineProfile(0.35, 0.4, 0.4, 4e-3, 6e-4, 0.05, 400, 0, True, "stream",

@@ -63,10 +63,13 @@ def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple
     ctx = w.prompt_tokens + w.gen_tokens / 2
     kv_read = memory.kv_bytes_per_token(s) * ctx * w.batch
     step_bytes = memory.active_weight_bytes(s, prof) + kv_read
-    flops = w.batch * (2e9 * m.active_params_b + 4.0 * m.n_layers * ctx * m.n_heads * m.head_dim)
+    attn_flops = w.batch * 4.0 * m.n_layers * ctx * m.n_heads * m.head_dim
+    flops = w.batch * 2e9 * m.active_params_b + attn_flops
     f = mem.device_fraction
     mem_s = f * step_bytes / (d.bandwidth_gbps * 1e9 * prof.bw_eff)
-    comp_s = f * flops / (d.fp16_tflops * 1e12 * prof.decode_comp_eff)
+    # attention's FLOPs run at the engine's attn_rel of its matrix rate (the lite runtime: 0.65)
+    comp_s = f * (flops + attn_flops * (1 / prof.attn_rel - 1)) / (
+        d.fp16_tflops * 1e12 * prof.decode_comp_eff)
     off = _offload_decode(s, prof, step_bytes, mem)
     ovh = prof.step_overhead_s + prof.layer_overhead_s * m.n_layers + _HOP_S * (d.device_count - 1)
     return Phase(mem_s, comp_s, ovh, off), step_bytes, flops
