@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
                             "quantised files by that suffix) or .gguf (a re-typed GGUF file)")
     from tightfit.engine.loader.convert import TARGETS
 
-    if args.quant.upper() in TARGETS and args.quant.lower() not in ("fp32", "f32"):
+    if args.quant.upper() in TARGETS and args.quant.upper() != "F32":
         raise TightfitError(f"--quant {args.quant} is a GGUF type: give an output ending in "
                             ".gguf, or a tightfit format (int8, int4-g64, ...) for a .tfq file")
     import torch

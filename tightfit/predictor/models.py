@@ -41,10 +41,11 @@ class ResidualModel:
     unseen_class_physics: bool = False
 
     def predict_log(self, feats: dict[str, float]) -> float:
-        if self.unseen_class_physics and self.class_z and device_class_of(feats) not in self.class_z:
+        cls = device_class_of(feats)
+        if self.unseen_class_physics and self.class_z and cls not in self.class_z:
             return 0.0
         z = {n: (feats[n] - mu) / sd for n, mu, sd in zip(self.base, self.mean, self.scale)}
-        lo_hi = self.class_z.get(device_class_of(feats)) or (self.z_lo, self.z_hi)
+        lo_hi = self.class_z.get(cls) or (self.z_lo, self.z_hi)
         if lo_hi[0]:
             z = {n: min(hi, max(lo, z[n])) for n, lo, hi in zip(self.base, *lo_hi)}
         cols = [z[n] for n in self.base] + [z[a] * z[b] for a, b in self.crosses]

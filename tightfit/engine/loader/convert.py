@@ -75,28 +75,25 @@ def convert(src: str | Path, dst: str | Path, target: str) -> dict[str, Any]:
     except Exception as exc:  # gguf-py raises bare ValueErrors on foreign files
         raise TightfitError(f"{str(src)!r} is not a readable GGUF file: {exc}") from exc
     arch = reader.get_field("general.architecture")
-    arch_name = arch.contents() if arch is not None else None
-    writer_arch = arch_name or "llama"
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
     dst.parent.mkdir(parents=True, exist_ok=True)
     plan = []
     for t in reader.tensors:
         shape = tuple(int(v) for v in reversed(t.shape.tolist()))  # rows first, as numpy
-        plan.append((t, _tensor_type(t.name, shape, target)))
+        plan.append((t, shape, _tensor_type(t.name, shape, target)))
     counts: dict[str, int] = {}
     try:
-        writer = gguf.GGUFWriter(str(tmp), writer_arch, endianess=reader.endianess)
+        writer = gguf.GGUFWriter(str(tmp), arch.contents() if arch is not None else "llama",
+                                 endianess=reader.endianess)
         for field in reader.fields.values():
-            if field.name.startswith("GGUF.") or field.name == "general.architecture":
-                continue  # the writer adds the header fields and the architecture itself
-            if field.name == "general.file_type":
-                continue
+            if field.name.startswith("GGUF.") or field.name in ("general.architecture",
+                                                                 "general.file_type"):
+                continue  # the writer adds the header, the architecture and (below) the type
             vtype = field.types[0]
             sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
             writer.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
         writer.add_file_type(int(gguf.LlamaFileType[_FILE_TYPE[target]]))
-        for t, out in plan:
-            shape = tuple(int(v) for v in reversed(t.shape.tolist()))
+        for t, shape, out in plan:
             qt = T[out]
             if out in ("F32", "F16"):
                 dtype = np.dtype(np.float32 if out == "F32" else np.float16)
@@ -109,7 +106,7 @@ def convert(src: str | Path, dst: str | Path, target: str) -> dict[str, Any]:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        for t, out in plan:
+        for t, _, out in plan:
             writer.write_tensor_data(_retype(t.data, t.tensor_type, out))
         writer.close()
         os.replace(tmp, dst)
@@ -117,7 +114,7 @@ def convert(src: str | Path, dst: str | Path, target: str) -> dict[str, Any]:
         tmp.unlink(missing_ok=True)
         raise
     by_type: dict[str, int] = {}
-    for t, _ in plan:
+    for t, _, _ in plan:
         by_type[t.tensor_type.name] = by_type.get(t.tensor_type.name, 0) + int(t.n_elements)
     return {"input": str(src), "output": str(dst), "target": target, "tensors": counts,
             "source_type": max(by_type, key=by_type.__getitem__),
