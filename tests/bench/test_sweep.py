@@ -48,6 +48,25 @@ def test_plan_is_the_product_minus_exclusions_and_impossible_formats(tmp_path):
     assert load_sweep(path).store_path == (tmp_path / "../measurements/p.jsonl").resolve()
 
 
+def test_a_block_may_repeat_its_runs_more_than_the_file_says(tmp_path):
+    path = _write(tmp_path, """
+        name: r
+        repeats: 1
+        defaults: {scenario: decode, backend: hf}
+        blocks:
+          - axes: {threads: [1, 2]}
+            repeats: 3
+          - axes: {threads: [4]}
+        """)
+    tasks = plan(load_sweep(path)).tasks
+    assert sorted((t.options.threads, t.repeat) for t in tasks) == [
+        (1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2), (4, 0)]
+    assert len({t.run_key for t in tasks}) == 7  # each repeat is a run of its own
+    with pytest.raises(TightfitError, match="repeats"):
+        load_sweep(_write(tmp_path, "name: x\nblocks: [{axes: {backend: [hf], scenario: [chat]}, "
+                                     "repeats: 0}]", "bad.yaml"))
+
+
 @pytest.mark.parametrize("text, message", [
     ("name: x\nblocks: [", "not valid YAML"),
     ("- just a list", "expected a mapping"),

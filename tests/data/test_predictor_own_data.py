@@ -73,3 +73,20 @@ def test_llama_cpp_rows_join_and_are_scored_per_engine(tmp_path, make_row):
     text = report.render({"n_observations": len(obs), "rules": {},
                           "per_engine": {"device": per}})
     assert "tightfit dataset per engine" in text and "llama.cpp" in text
+
+
+def test_repeats_of_one_configuration_become_their_median(tmp_path, make_row):
+    rows = [_decode_row(make_row, "r0", **{"results.decode_tok_s": 18.0}),
+            _decode_row(make_row, "r1", **{"results.decode_tok_s": 30.0,
+                                           "results.peak_rss_mib": 1000.0}),
+            _decode_row(make_row, "r2", **{"results.decode_tok_s": 20.0,
+                                           "results.prefill_tok_s": None}),
+            _decode_row(make_row, "other", **{"workload.prompt_tokens_mean": 256.0})]
+    obs, dropped = datasets.load_own([_write(tmp_path, rows)])
+    decode = sorted((o.scenario.workload.prompt_tokens, o.value) for o in obs
+                    if o.metric == "decode_tok_s")
+    assert decode == [(256, 18.0), (512, 20.0)]  # the odd repeat (30) does not move it
+    by = {(o.scenario.workload.prompt_tokens, o.metric): o.value for o in obs}
+    assert by[(512, "prefill_tok_s")] == 400.0  # a repeat without the metric is skipped
+    assert by[(512, "peak_memory_gb")] == pytest.approx(900 / 1024)
+    assert dropped == {"repeat merged into its configuration's median": 2}

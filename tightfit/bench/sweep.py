@@ -38,6 +38,7 @@ class Block(_Strict):
     name: str | None = None
     axes: dict[str, list[Any]] = Field(min_length=1)
     exclude: list[dict[str, Any]] = []
+    repeats: int | None = Field(default=None, ge=1)  # this block's runs; default: the file's
 
 
 class SweepFile(_Strict):
@@ -101,7 +102,7 @@ def plan(sweep: Sweep) -> Plan:
             point = {**sweep.spec.defaults, **dict(zip(names, values))}
             if any(all(point.get(k) == v for k, v in ex.items()) for ex in block.exclude):
                 continue
-            for repeat in range(sweep.spec.repeats):
+            for repeat in range(block.repeats or sweep.spec.repeats):
                 task = _task(point, sweep, repeat, out)
                 if task is not None and task.run_key not in seen:
                     seen.add(task.run_key)

@@ -10,6 +10,7 @@ import hashlib
 import math
 import os
 import re
+import statistics
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
@@ -249,11 +250,12 @@ def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:
     """Single-stream runs of tightfit's dataset -> observations (decode tok/s, prefill tok/s,
     TTFT, peak memory). Rules, each counted: failed runs, runs with more than one stream (the
     predictor's contract is batch 1 here), runs the harness flagged as contended, and backends
-    the predictor has no engine for."""
+    the predictor has no engine for. Repeats of one configuration (a sweep's `repeats`) become
+    one observation per metric, the median of the repeats (counted as merged)."""
     from tightfit.data import read_measurements
 
     dropped: Counter[str] = Counter()
-    out: list[Observation] = []
+    groups: dict[tuple[Any, ...], tuple[Scenario, str, str, list[dict[str, float | None]]]] = {}
     for m in read_measurements([str(p) for p in paths]).measurements:
         w, c, r, md = m.workload, m.config, m.results, m.model
         if m.status != "ok" or r is None:
@@ -285,8 +287,18 @@ def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:
                   "peak_memory_gb": None if r.peak_rss_mib is None else r.peak_rss_mib / 1024}
         if prompt < 128:  # prefill rate of a short prompt is mostly fixed overhead
             values["prefill_tok_s"] = None
-        for metric, value in values.items():
-            if value is not None and value > 0:
-                out.append(Observation(sc, metric, float(value), key, model_key(md.name),
+        config = (key, c.backend, engine, md.name, quant, c.kv_dtype, prompt,
+                  w.gen_tokens_mean, w.scenario)
+        if config in groups:
+            groups[config][3].append(values)
+            dropped["repeat merged into its configuration's median"] += 1
+        else:
+            groups[config] = (sc, key, model_key(md.name), [values])
+    out: list[Observation] = []
+    for sc, key, mkey, repeats in groups.values():
+        for metric in repeats[0]:
+            got = [v[metric] for v in repeats if v[metric] is not None and v[metric] > 0]
+            if got:
+                out.append(Observation(sc, metric, float(statistics.median(got)), key, mkey,
                                        "tightfit"))
     return out, dropped
