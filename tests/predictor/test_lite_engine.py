@@ -53,7 +53,7 @@ def test_memory_is_the_file_blocks_and_half_kv(row: dict[str, Any]) -> None:
     stored = sum(t.data.nbytes for t in lite.gguf.tensors())
     assert memory.held_weight_bytes(s, profile(s.engine, "cpu")) == pytest.approx(stored,
                                                                                    rel=0.05)
-    assert memory.kv_bytes_per_token(s) == lite.kv_bytes_per_token()
+    assert memory.kv_bytes_per_token(s, profile(s.engine, "cpu")) == lite.kv_bytes_per_token()
 
 
 def test_lite_runs_are_fitted_with_an_engine_feature_of_their_own() -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tightfit.predictor import features, memory, roofline
+from tightfit.predictor import engines, features, memory, roofline
 from tightfit.predictor.scenario import parse_row
 
 
@@ -59,7 +59,19 @@ def test_kv_cache_grows_with_context_and_shrinks_with_dtype(row) -> None:
 
 def test_llama3_8b_kv_bytes_per_token(row) -> None:
     # 2 (K,V) x 32 layers x 8 kv heads x 128 dims x 2 bytes
-    assert memory.kv_bytes_per_token(parse_row(row)) == 2 * 32 * 8 * 128 * 2
+    s = parse_row(row)
+    prof = engines.profile(s.engine, s.device.device_class)
+    assert memory.kv_bytes_per_token(s, prof) == 2 * 32 * 8 * 128 * 2
+    # the torch-based engines keep K/V in their compute dtype unless told (fp16 on a GPU)
+    tf = parse_row({**row, "engine": "tightfit"})
+    assert memory.kv_bytes_per_token(tf, engines.profile("tightfit", "discrete_gpu")) == \
+        2 * 32 * 8 * 128 * 2
+    cpu = parse_row({**row, "engine": "tightfit", "hardware": {"name": "x", "kind": "cpu",
+                                                              "memory_gb": 32,
+                                                              "memory_bandwidth_gbps": 50,
+                                                              "fp16_tflops": 1, "cpu_cores": 8}})
+    assert memory.kv_bytes_per_token(cpu, engines.profile("tightfit", "cpu")) == \
+        2 * 32 * 8 * 128 * 4
 
 
 def test_hf_transformers_holds_dequantised_weights(row) -> None:
@@ -107,3 +119,15 @@ def test_lite_decode_slows_with_context_as_its_step_was_timed() -> None:
         return 1 / analyse(s).decode.total
 
     assert rate(1536) < 0.7 * rate(16)
+
+
+def test_mxfp4_files_keep_all_but_the_experts_at_q8_0(row) -> None:
+    # llama.cpp's gpt-oss-20b MXFP4 GGUF is 12.1 GB: 19.11e9 expert weights at 4.25 bits, the
+    # other 1.79e9 (attention, embeddings, router) at Q8_0; all at 4.25 would be 11.1 GB
+    row["model"] = {"name": "gpt-oss-20b"}
+    row["quant"] = "MXFP4"
+    row["hardware"]["memory_gb"] = 24
+    b = _analyse(row)
+    assert b.memory.weights_bytes == pytest.approx(12.05e9, rel=0.01)
+    row["model"] = {"name": "some-moe-21b-a4b", "params_b": 20.9, "active_params_b": 3.6}
+    assert _analyse(row).memory.weights_bytes < 11.3e9  # expert count unknown: all at 4.25 bits

@@ -159,3 +159,20 @@ def test_prefill_gives_a_class_it_never_saw_the_analytic_base_alone(tmp_path) ->
     assert models.PredictorModel.load(tmp_path / "m.json").prefill.predict_log(edge) == 0.0
     shipped = artefact.load()
     assert shipped.prefill.unseen_class_physics and not shipped.decode.unseen_class_physics
+
+
+def test_a_class_flag_needs_two_devices_of_its_class() -> None:
+    from tightfit.predictor import training
+
+    def row(cls: str) -> dict[str, float]:
+        return {"class_cpu": float(cls == "cpu"), "class_unified_soc": float(cls == "unified_soc"),
+                "class_apple": float(cls == "apple"), "log_bandwidth": 3.0}
+
+    names = ["log_bandwidth", "class_cpu", "class_unified_soc", "class_apple"]
+    one_igpu = training.Sample([row("cpu"), row("cpu"), row("unified_soc"), row("unified_soc")],
+                               [0.0] * 4, ["xeon", "epyc", "arc", "arc"], [1.0] * 4)
+    # two CPUs keep class_cpu; one iGPU (two rows of it) does not make a class; no Apple rows
+    assert training.supported(names, one_igpu) == ["log_bandwidth", "class_cpu"]
+    two = training.Sample(one_igpu.rows + [row("unified_soc")], [0.0] * 5,
+                          one_igpu.groups + ["gb10"], [1.0] * 5)
+    assert training.supported(names, two) == ["log_bandwidth", "class_cpu", "class_unified_soc"]

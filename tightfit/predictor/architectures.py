@@ -27,6 +27,7 @@ class ModelSpec:
     head_dim: int
     shape_known: bool = True
     tied_embeddings: bool | None = None  # output head shares the token embedding; None: guess
+    expert_params_b: float | None = None  # parameters in the routed experts (MoE), if known
 
     @property
     def is_moe(self) -> bool:
@@ -51,9 +52,10 @@ class ModelSpec:
 
 
 def _m(name: str, p: float, layers: int, hidden: int, heads: int, kv: int, vocab: int,
-       inter: int, active: float | None = None, head_dim: int | None = None) -> ModelSpec:
+       inter: int, active: float | None = None, head_dim: int | None = None,
+       experts: float | None = None) -> ModelSpec:
     return ModelSpec(name, p, active if active is not None else p, layers, hidden, heads, kv,
-                     vocab, inter, head_dim or hidden // heads)
+                     vocab, inter, head_dim or hidden // heads, expert_params_b=experts)
 
 
 # Public configuration values of common open models (parameters in billions, embeddings included).
@@ -105,8 +107,11 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("ministral-8b", 8.02, 36, 4096, 32, 8, 131072, 12288),
     _m("codestral-22b", 22.2, 56, 6144, 48, 8, 32768, 16384),
     _m("deepseek-coder-v2-lite", 15.7, 27, 2048, 16, 16, 102400, 1408, active=2.4, head_dim=128),
-    _m("gpt-oss-20b", 20.9, 24, 2880, 64, 8, 201088, 2880, active=3.6, head_dim=64),
-    _m("gpt-oss-120b", 117.0, 36, 2880, 64, 8, 201088, 2880, active=5.1, head_dim=64),
+    # routed experts: layers x experts x 3 matrices of 2880 x 2880 (32 experts / 128 experts)
+    _m("gpt-oss-20b", 20.9, 24, 2880, 64, 8, 201088, 2880, active=3.6, head_dim=64,
+       experts=19.11),
+    _m("gpt-oss-120b", 117.0, 36, 2880, 64, 8, 201088, 2880, active=5.1, head_dim=64,
+       experts=114.66),
     _m("falcon3-1b", 1.67, 18, 2048, 8, 4, 131072, 8192, head_dim=256),
     _m("falcon3-3b", 3.23, 22, 3072, 12, 4, 131072, 9216, head_dim=256),
     _m("falcon3-7b", 7.46, 28, 3072, 12, 4, 131072, 23040, head_dim=256),

@@ -6,6 +6,7 @@ learned residual (models.py) corrects them per engine and device class from meas
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 ENGINES = ("llama.cpp", "tightfit", "hf-transformers", "tightfit-lite")
 # the lite runtime (tightfit/lite) reads these stored formats only, on the CPU
@@ -34,6 +35,12 @@ class EngineProfile:
     load_transient_mb: float = 0.0  # loader's fixed extra at its worst moment
     load_transient_share: float = 0.0  # ... plus this share of the largest tensor (embedding)
     attn_rel: float = 1.0  # decode attention's FLOP rate as a fraction of the matrix rate
+    kv_dtype: str | None = None  # KV cache dtype unless the workload names one (None: compute)
+    prompt_chunk: int = 0    # prompts run in calls of at most this many tokens (0: all at once)
+    chunk_reads_weights: bool = False  # ... each call streaming the weights again
+    reserves_chunk: bool = False  # compute buffer reserved for a full chunk of the context
+    fits_context_first: bool = False  # shrinks its context to the request before offloading
+    head_copy: bool = False  # holds the output head again in its compute format (tied or not)
 
 
 def canonical_engine(name: str) -> str | None:
@@ -58,6 +65,16 @@ def profile(engine: str, device_class: str, quant: str | None = None) -> EngineP
     return base
 
 
+# How the engines run, whatever the device. llama.cpp: f16 K/V by default; prompts in calls of
+# <= 512 tokens (n_ubatch), each streaming the weights, with the compute buffer reserved for a
+# full call at start-up; it fits its context to the request before moving layers off a GPU.
+# tightfit: prompts in chunks of <= 512 (max_num_batched_tokens; the chunks' weight reads are
+# in its efficiency), and a second copy of the output head in its compute format.
+_LLAMA_CPP: dict[str, Any] = dict(kv_dtype="f16", prompt_chunk=512, chunk_reads_weights=True,
+                                  reserves_chunk=True, fits_context_first=True)
+_TIGHTFIT: dict[str, Any] = dict(prompt_chunk=512, head_copy=True)
+
+
 def _profile(engine: str, device_class: str) -> EngineProfile:
     cpu = device_class == "cpu"
     if engine == "llama.cpp":
@@ -69,8 +86,9 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
             # -> 12.9% but llmfit 19.6% -> 20.7%, its Xeon rows 26% -> 33%, which inherit this
             # machine's llama.cpp residual), so it is not used.
             return EngineProfile(0.6, 0.5, 0.3, 4e-4, 2e-5, 0.01, 90, 0, False, "layer_split",
-                                 tokenizer_bytes_per_token=300)
-        return EngineProfile(0.75, 0.5, 0.5, 6e-4, 2e-5, 0.02, 80, 300, False, "layer_split")
+                                 tokenizer_bytes_per_token=300, **_LLAMA_CPP)
+        return EngineProfile(0.75, 0.5, 0.5, 6e-4, 2e-5, 0.02, 80, 300, False, "layer_split",
+                             **_LLAMA_CPP)
     if engine == "tightfit-lite":
         # The lite runtime computes as llama.cpp does (the stored blocks against activations
         # rounded to int8 per 32 values, one thread pool, prompts in calls of <= 512 tokens).
@@ -87,7 +105,8 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
         # (LiteModel.forward, best of 30, 2026-12-04 19:30): attention ran 23-25 GFLOP/s at one
         # thread and 38-48 at two against the weights' 36 / 60-67 (0.65-0.7).
         return EngineProfile(0.8, 0.5, 0.33, 4e-4, 2e-5, 0.01, 58, 0, False, "layer_split",
-                             tokenizer_bytes_per_token=315, attn_rel=0.65)
+                             tokenizer_bytes_per_token=315, attn_rel=0.65, kv_dtype="f16",
+                             prompt_chunk=512, chunk_reads_weights=True)
     if engine == "hf-transformers":
         if cpu:  # memory: `import torch, transformers` 239 MiB + ~160 MiB kept after loading
             return EngineProfile(0.35, 0.4, 0.4, 4e-3, 6e-4, 0.05, 400, 0, True, "stream",
@@ -107,5 +126,6 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
     if cpu:
         return EngineProfile(0.6, 0.4, 0.3, 5e-4, 3e-5, 0.03, 242, 0, False, "stream",
                              tokenizer_bytes_per_token=315, load_transient_mb=40,
-                             load_transient_share=0.25)
-    return EngineProfile(0.6, 0.45, 0.4, 2e-3, 2e-4, 0.03, 450, 400, False, "stream")
+                             load_transient_share=0.25, **_TIGHTFIT)
+    return EngineProfile(0.6, 0.45, 0.4, 2e-3, 2e-4, 0.03, 450, 400, False, "stream",
+                         **_TIGHTFIT)

@@ -36,6 +36,12 @@ RATE_PHASES = ("prefill",)
 # -device decode from 15.9% to 17.1% (llmfit 19.6% -> 21.3%, Apple 7.7% -> 9.4%), i.e. its
 # residual does carry over to a class it has not seen (an Intel iGPU, GB10).
 PHYSICS_FOR_UNSEEN_CLASS = ("prefill",)
+# A device-class flag is a candidate only when the training rows hold this many devices of the
+# class: fitted on one device it is that device's level, and carries it to every other device
+# of the class. Held out by device, the GB10 (the only other integrated-GPU SoC: an Intel Arc
+# iGPU, 2 rows, 0.44 too fast in log space) got class_unified_soc from the Arc's rows alone and
+# came out 0.41 too slow (its fold's decode MAPE 29.0%, 19.4% without the flag).
+MIN_CLASS_DEVICES = 2
 
 
 def lambda_mem(bandwidth_gbps: float) -> float:

@@ -75,11 +75,20 @@ def gguf_embed_bits(s: Scenario) -> float:
     return max(s.bits_per_weight, floor)
 
 
+_MXFP4_REST_BITS = 8.5  # llama.cpp's MXFP4 files: routed experts MXFP4, all else Q8_0
+
+
 def weight_bytes(s: Scenario, prof: EngineProfile) -> float:
-    """Bytes of all weights as stored (GGUF presets: embedding at >= Q6_K, tied at >= Q8_0)."""
+    """Bytes of all weights as stored (GGUF presets: embedding at >= Q6_K, tied at >= Q8_0;
+    MXFP4 files: only the routed experts in MXFP4, where the model's expert count is known)."""
     total = s.model.params_b * 1e9
     if prof.dequantises:
         return total * compute_dtype_bytes(s)
+    if s.quant == "mxfp4" and s.model.expert_params_b:
+        # gpt-oss-20b: 19.11e9 expert weights x 4.25 bits + 1.79e9 others x 8.5 = 12.05 GB,
+        # the published MXFP4 GGUF's 12.1 GB (all at 4.25 bits would say 11.1 GB)
+        experts = min(s.model.expert_params_b * 1e9, total)
+        return (experts * s.bits_per_weight + (total - experts) * _MXFP4_REST_BITS) / 8
     embed = embedding_params(s)
     gguf = s.quant.startswith(("q", "iq", "tq"))
     embed_bits = gguf_embed_bits(s) if gguf else s.bits_per_weight
@@ -88,7 +97,7 @@ def weight_bytes(s: Scenario, prof: EngineProfile) -> float:
 
 def held_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
     """Bytes of weights the engine holds in memory (see the module docstring)."""
-    if s.engine != "tightfit" or s.quant in ("fp32", "f32"):
+    if not prof.head_copy or s.quant in ("fp32", "f32"):
         return weight_bytes(s, prof)
     m = s.model
     embed = embedding_params(s)
@@ -123,23 +132,21 @@ def active_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
     return weight_bytes(s, prof) * active / m.params_b
 
 
-def kv_bytes_per_token(s: Scenario) -> float:
-    dtype = s.workload.kv_dtype or ("fp16" if compute_dtype_bytes(s) == 2.0 else "fp32")
-    if s.engine in ("llama.cpp", "tightfit-lite") and not s.workload.kv_dtype:
-        dtype = "f16"
+def kv_bytes_per_token(s: Scenario, prof: EngineProfile) -> float:
+    dtype = s.workload.kv_dtype or prof.kv_dtype or (
+        "fp16" if compute_dtype_bytes(s) == 2.0 else "fp32")
     return s.model.kv_elements_per_token() * formats.kv_bytes(dtype)
 
 
-def buffer_bytes(s: Scenario) -> float:
+def buffer_bytes(s: Scenario, prof: EngineProfile) -> float:
     m, w = s.model, s.workload
-    # llama.cpp reserves its compute buffer for a full micro-batch at start-up; tightfit
-    # prefills in chunks of at most 512 tokens (max_num_batched_tokens); HF all at once.
-    if s.engine == "llama.cpp":
-        ubatch = min(w.context_tokens, 512)
-    elif s.engine in ("tightfit", "tightfit-lite"):
-        ubatch = max(min(w.prompt_tokens, 512), 1)
+    # activations of one prompt call: llama.cpp reserves a full call (of the context) at
+    # start-up, tightfit and lite hold the chunk they run, HF the whole prompt at once
+    chunk = prof.prompt_chunk or max(w.prompt_tokens, 1)
+    if prof.reserves_chunk:
+        ubatch = min(w.context_tokens, chunk)
     else:
-        ubatch = max(w.prompt_tokens, 1)
+        ubatch = max(min(w.prompt_tokens, chunk), 1)
     per_token = 4 * m.hidden_size + 2 * m.intermediate_size + m.n_heads * min(w.context_tokens, 4096)
     return 4.0 * w.batch * ubatch * per_token + 4.0 * w.batch * m.vocab_size
 
@@ -153,8 +160,8 @@ def runtime_bytes(s: Scenario, prof: EngineProfile) -> float:
 
 def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
     weights = held_weight_bytes(s, prof)
-    kv = kv_bytes_per_token(s) * s.workload.context_tokens * s.workload.batch
-    buffers = buffer_bytes(s)
+    kv = kv_bytes_per_token(s, prof) * s.workload.context_tokens * s.workload.batch
+    buffers = buffer_bytes(s, prof)
     gpu = s.device.device_class == "discrete_gpu"
     runtime = runtime_bytes(s, prof)
     transient = load_transient_bytes(s, prof, weights)
@@ -164,7 +171,7 @@ def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
     fits_dev = peak <= capacity
     frac, host = 1.0, 0.0
     # llama.cpp shrinks its context to the request before it moves layers off the device.
-    kv_min = kv if s.engine != "llama.cpp" else kv * min(
+    kv_min = kv if not prof.fits_context_first else kv * min(
         1.0, (s.workload.prompt_tokens + s.workload.gen_tokens) / max(s.workload.context_tokens, 1))
     if not fits_dev and gpu:
         room = max(capacity - buffers - runtime - transient, 0.0)

@@ -61,7 +61,7 @@ class Breakdown:
 def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple[Phase, float, float]:
     m, w, d = s.model, s.workload, s.device
     ctx = w.prompt_tokens + w.gen_tokens / 2
-    kv_read = memory.kv_bytes_per_token(s) * ctx * w.batch
+    kv_read = memory.kv_bytes_per_token(s, prof) * ctx * w.batch
     step_bytes = memory.active_weight_bytes(s, prof) + kv_read
     attn_flops = w.batch * 4.0 * m.n_layers * ctx * m.n_heads * m.head_dim
     flops = w.batch * 2e9 * m.active_params_b + attn_flops
@@ -93,7 +93,7 @@ def prefill_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tupl
     flops = w.batch * (2e9 * m.active_params_b * p + 2.0 * m.n_layers * p * p * m.n_heads * m.head_dim)
     # llama.cpp and the lite runtime run a prompt in calls of <= 512 tokens, each reading the
     # weights once; the torch engine's chunks are counted in its efficiency instead
-    ubatches = math.ceil(p / 512) if s.engine in ("llama.cpp", "tightfit-lite") else 1
+    ubatches = math.ceil(p / prof.prompt_chunk) if prof.chunk_reads_weights else 1
     weights = memory.weight_bytes(s, prof)
     mem_s = mem.device_fraction * weights * ubatches / (d.bandwidth_gbps * 1e9 * prof.bw_eff)
     comp_s = flops / (d.fp16_tflops * 1e12 * prof.comp_eff)

@@ -45,10 +45,20 @@ def sample(obs: Sequence[Observation], phase: str) -> Sample:
     return Sample(rows, y, groups, wts)
 
 
+def supported(names: list[str], smp: Sample) -> list[str]:
+    """Candidates less the device-class flags of classes with fewer than
+    `features.MIN_CLASS_DEVICES` devices in the sample: such a flag measures that one device."""
+    devices: dict[str, set[str]] = {}
+    for row, group in zip(smp.rows, smp.groups):
+        devices.setdefault(models.device_class_of(row), set()).add(group)
+    return [n for n in names if not n.startswith("class_")
+            or len(devices.get(n.removeprefix("class_"), ())) >= features.MIN_CLASS_DEVICES]
+
+
 def fit_phase(obs: Sequence[Observation], phase: str, candidates: Sequence[str] | None = None,
               screen: bool = True, band: bool = True) -> ResidualModel:
     smp = sample(obs, phase)
-    names = list(candidates or features.candidate_names(phase))
+    names = supported(list(candidates or features.candidate_names(phase)), smp)
     if screen and len(set(smp.groups)) >= 3:
         sel = screening.select(smp.rows, smp.target, smp.groups, names, phase, smp.weights,
                                always=features.ENGINE_FEATURES)
