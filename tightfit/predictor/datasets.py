@@ -287,8 +287,8 @@ def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:
                   "peak_memory_gb": None if r.peak_rss_mib is None else r.peak_rss_mib / 1024}
         if prompt < 128:  # prefill rate of a short prompt is mostly fixed overhead
             values["prefill_tok_s"] = None
-        config = (key, c.backend, engine, md.name, quant, c.kv_dtype, prompt,
-                  w.gen_tokens_mean, w.scenario)
+        config = (key, c.backend, md.name, quant, c.kv_dtype, prompt, w.gen_tokens_mean,
+                  w.scenario)
         if config in groups:
             groups[config][3].append(values)
             dropped["repeat merged into its configuration's median"] += 1

@@ -65,13 +65,14 @@ def profile(engine: str, device_class: str, quant: str | None = None) -> EngineP
     return base
 
 
-# How the engines run, whatever the device. llama.cpp: f16 K/V by default; prompts in calls of
-# <= 512 tokens (n_ubatch), each streaming the weights, with the compute buffer reserved for a
-# full call at start-up; it fits its context to the request before moving layers off a GPU.
-# tightfit: prompts in chunks of <= 512 (max_num_batched_tokens; the chunks' weight reads are
-# in its efficiency), and a second copy of the output head in its compute format.
-_LLAMA_CPP: dict[str, Any] = dict(kv_dtype="f16", prompt_chunk=512, chunk_reads_weights=True,
-                                  reserves_chunk=True, fits_context_first=True)
+# How the engines run, whatever the device. llama.cpp and the lite runtime: f16 K/V by default,
+# prompts in calls of <= 512 tokens (n_ubatch), each streaming the weights. llama.cpp also
+# reserves its compute buffer for a full call at start-up and fits its context to the request
+# before moving layers off a GPU. tightfit: prompts in chunks of <= 512 (max_num_batched_tokens;
+# the chunks' weight reads are in its efficiency), and a second copy of the output head in its
+# compute format.
+_GGML_STYLE: dict[str, Any] = dict(kv_dtype="f16", prompt_chunk=512, chunk_reads_weights=True)
+_LLAMA_CPP: dict[str, Any] = dict(_GGML_STYLE, reserves_chunk=True, fits_context_first=True)
 _TIGHTFIT: dict[str, Any] = dict(prompt_chunk=512, head_copy=True)
 
 
@@ -105,8 +106,7 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
         # (LiteModel.forward, best of 30, 2026-12-04 19:30): attention ran 23-25 GFLOP/s at one
         # thread and 38-48 at two against the weights' 36 / 60-67 (0.65-0.7).
         return EngineProfile(0.8, 0.5, 0.33, 4e-4, 2e-5, 0.01, 58, 0, False, "layer_split",
-                             tokenizer_bytes_per_token=315, attn_rel=0.65, kv_dtype="f16",
-                             prompt_chunk=512, chunk_reads_weights=True)
+                             tokenizer_bytes_per_token=315, attn_rel=0.65, **_GGML_STYLE)
     if engine == "hf-transformers":
         if cpu:  # memory: `import torch, transformers` 239 MiB + ~160 MiB kept after loading
             return EngineProfile(0.35, 0.4, 0.4, 4e-3, 6e-4, 0.05, 400, 0, True, "stream",
