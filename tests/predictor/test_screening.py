@@ -176,3 +176,40 @@ def test_a_class_flag_needs_two_devices_of_its_class() -> None:
     two = training.Sample(one_igpu.rows + [row("unified_soc")], [0.0] * 5,
                           one_igpu.groups + ["gb10"], [1.0] * 5)
     assert training.supported(names, two) == ["log_bandwidth", "class_cpu", "class_unified_soc"]
+
+
+def test_a_device_of_a_class_the_data_cannot_place_gets_the_average_class_level(tmp_path) -> None:
+    # Two classes with their own level (gpu +1, cpu -1) and one device of a third class (+3)
+    # whose rows are the only ones with both flags at zero. A device of that third class, or of
+    # a class never seen, must not inherit the one device's level: it gets the average.
+    from dataclasses import replace
+
+    rows, y = [], []
+    for cls, level, n in (("gpu", 1.0, 30), ("cpu", -1.0, 30), ("edge", 3.0, 4)):
+        for i in range(n):
+            rows.append({"bw": 0.01 * i, "class_gpu": float(cls == "gpu"),
+                         "class_cpu": float(cls == "cpu"), "class_edge": float(cls == "edge")})
+            y.append(level)
+    plain = models.fit("decode", rows, y, ["bw", "class_gpu", "class_cpu"])
+    edge = rows[-1]
+    assert plain.predict_log(edge) > 2.0  # the ridge gives the all-zero flags the edge device's level
+    m = replace(plain, known_classes=("cpu", "gpu"))
+    assert abs(m.predict_log(rows[0]) - 1.0) < 0.2 and abs(m.predict_log(rows[30]) + 1.0) < 0.2
+    # z = 0 for the class flags: the intercept (bw's z is ~0 for the last edge row)
+    bw_z = (edge["bw"] - plain.mean[0]) / plain.scale[0]
+    assert abs(m.predict_log(edge) - (plain.intercept + plain.coef[0] * bw_z)) < 1e-9
+    assert abs(m.predict_log(edge) - 0.2) < 0.5 and abs(plain.predict_log(edge) - m.predict_log(edge)) > 1.5
+    pm = models.PredictorModel(m, m, "h")
+    pm.save(tmp_path / "m.json")
+    assert models.PredictorModel.load(tmp_path / "m.json").decode.predict_log(edge) == m.predict_log(edge)
+
+
+def test_fitting_records_the_classes_with_enough_devices() -> None:
+    from tightfit.predictor import artefact, training
+
+    shipped = artefact.load()
+    for phase in (shipped.decode, shipped.prefill):
+        assert "cpu" in phase.known_classes and "apple" in phase.known_classes
+    smp = training.Sample([{"class_cpu": 1.0, "class_edge": 0.0}] * 3 + [{"class_cpu": 0.0, "class_edge": 1.0}],
+                          [0.0] * 4, ["a", "b", "b", "c"], [1.0] * 4)
+    assert sorted(c for c, d in training._class_devices(smp).items() if len(d) >= 2) == ["cpu"]

@@ -168,6 +168,8 @@ def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
     load_peak, serving_peak = weights + runtime + transient, weights + runtime + kv + buffers
     peak = max(load_peak, serving_peak)
     capacity = s.device.memory_gb * GB * s.device.device_count * _USABLE[s.device.device_class]
+    if gpu:  # what the engine leaves free on each card
+        capacity = max(capacity - prof.device_margin_mb * MB * s.device.device_count, 0.0)
     fits_dev = peak <= capacity
     frac, host = 1.0, 0.0
     # llama.cpp shrinks its context to the request before it moves layers off the device.

@@ -39,15 +39,23 @@ class ResidualModel:
     # True: a device of a class with no training row gets no residual (the analytic base alone)
     # instead of the slopes other classes taught (features.PHYSICS_FOR_UNSEEN_CLASS).
     unseen_class_physics: bool = False
+    # Device classes whose level the training rows pin down (a flag of their own, or the
+    # reference of the flags, from enough devices: features.MIN_CLASS_DEVICES). A device of
+    # any other class gets its class flags at their training mean (z = 0), the average level,
+    # instead of the level of whatever few rows shared its all-zero flags. Empty: no rule.
+    known_classes: tuple[str, ...] = ()
 
     def predict_log(self, feats: dict[str, float]) -> float:
         cls = device_class_of(feats)
         if self.unseen_class_physics and self.class_z and cls not in self.class_z:
             return 0.0
         z = {n: (feats[n] - mu) / sd for n, mu, sd in zip(self.base, self.mean, self.scale)}
-        lo_hi = self.class_z.get(cls) or (self.z_lo, self.z_hi)
+        placed = not self.known_classes or cls in self.known_classes
+        lo_hi = (self.class_z.get(cls) if placed else None) or (self.z_lo, self.z_hi)
         if lo_hi[0]:
             z = {n: min(hi, max(lo, z[n])) for n, lo, hi in zip(self.base, *lo_hi)}
+        if not placed:
+            z = {n: 0.0 if n.startswith("class_") else v for n, v in z.items()}
         cols = [z[n] for n in self.base] + [z[a] * z[b] for a, b in self.crosses]
         return self.intercept + sum(c * x for c, x in zip(self.coef, cols))
 
@@ -67,6 +75,7 @@ class ResidualModel:
             class_z={str(k): (tuple(v[0]), tuple(v[1]))  # type: ignore[index]
                      for k, v in dict(d.get("class_z", {})).items()},  # type: ignore[call-overload]
             unseen_class_physics=bool(d.get("unseen_class_physics", False)),
+            known_classes=tuple(d.get("known_classes", ())),  # type: ignore[arg-type]
         )
 
 

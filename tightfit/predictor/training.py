@@ -45,12 +45,17 @@ def sample(obs: Sequence[Observation], phase: str) -> Sample:
     return Sample(rows, y, groups, wts)
 
 
-def supported(names: list[str], smp: Sample) -> list[str]:
-    """Candidates less the device-class flags of classes with fewer than
-    `features.MIN_CLASS_DEVICES` devices in the sample: such a flag measures that one device."""
+def _class_devices(smp: Sample) -> dict[str, set[str]]:
     devices: dict[str, set[str]] = {}
     for row, group in zip(smp.rows, smp.groups):
         devices.setdefault(models.device_class_of(row), set()).add(group)
+    return devices
+
+
+def supported(names: list[str], smp: Sample) -> list[str]:
+    """Candidates less the device-class flags of classes with fewer than
+    `features.MIN_CLASS_DEVICES` devices in the sample: such a flag measures that one device."""
+    devices = _class_devices(smp)
     return [n for n in names if not n.startswith("class_")
             or len(devices.get(n.removeprefix("class_"), ())) >= features.MIN_CLASS_DEVICES]
 
@@ -72,7 +77,9 @@ def fit_phase(obs: Sequence[Observation], phase: str, candidates: Sequence[str] 
     model = models.fit(phase, smp.rows, smp.target, kept, crosses, smp.weights)
     interval = _band(smp, kept, crosses, phase) if band else model.interval
     info["n_rows"] = len(smp.rows)
-    return replace(model, interval=interval, info=info,
+    known = tuple(sorted(c for c, devs in _class_devices(smp).items()
+                         if c and len(devs) >= features.MIN_CLASS_DEVICES))
+    return replace(model, interval=interval, info=info, known_classes=known,
                    unseen_class_physics=phase in features.PHYSICS_FOR_UNSEEN_CLASS)
 
 
