@@ -131,3 +131,23 @@ def test_mxfp4_files_keep_all_but_the_experts_at_q8_0(row) -> None:
     assert b.memory.weights_bytes == pytest.approx(12.05e9, rel=0.01)
     row["model"] = {"name": "some-moe-21b-a4b", "params_b": 20.9, "active_params_b": 3.6}
     assert _analyse(row).memory.weights_bytes < 11.3e9  # expert count unknown: all at 4.25 bits
+
+
+def test_llama_cpp_leaves_a_gib_free_on_each_gpu(row) -> None:
+    # --fit places layers so that 1024 MiB stay free per card: a model whose peak is within a
+    # GiB of the card's size is split, and the free GiB is counted per card
+    row["hardware"]["memory_gb"] = 8
+    peak = _analyse(row).memory.peak_bytes
+    row["hardware"]["memory_gb"] = (peak + 0.5 * memory.GB) / memory.GB  # 0.5 GiB to spare
+    near = _analyse(row).memory
+    assert not near.fits_on_device and 0.9 < near.device_fraction < 1
+    assert near.capacity_bytes == pytest.approx(row["hardware"]["memory_gb"] * memory.GB - memory.GB)
+    row["hardware"]["device_count"] = 2
+    assert _analyse(row).memory.capacity_bytes == pytest.approx(
+        2 * row["hardware"]["memory_gb"] * memory.GB - 2 * memory.GB)
+    row["hardware"]["device_count"] = 1
+    row["engine"] = "hf-transformers"  # no such margin
+    row["quant"] = "F16"
+    row["hardware"]["memory_gb"] = 40
+    hf = _analyse(row).memory
+    assert hf.capacity_bytes == pytest.approx(40 * memory.GB)
