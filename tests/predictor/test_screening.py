@@ -213,3 +213,31 @@ def test_fitting_records_the_classes_with_enough_devices() -> None:
     smp = training.Sample([{"class_cpu": 1.0, "class_edge": 0.0}] * 3 + [{"class_cpu": 0.0, "class_edge": 1.0}],
                           [0.0] * 4, ["a", "b", "b", "c"], [1.0] * 4)
     assert sorted(c for c, d in training._class_devices(smp).items() if len(d) >= 2) == ["cpu"]
+
+
+def test_a_two_die_chip_is_flagged_and_the_decode_residual_keeps_the_flag(row) -> None:
+    from tightfit.predictor import artefact, features, hardware, roofline
+    from tightfit.predictor.scenario import parse_row
+
+    assert hardware.lookup("Apple M2 Ultra").dies == 2 and hardware.lookup("M2 Max").dies == 1
+    row["hardware"] = {"name": "M3 Ultra", "memory_gb": 192}
+    ultra = parse_row(row)
+    assert features.features(ultra, roofline.analyse(ultra), "decode")["multi_die"] == 1.0
+    row["hardware"] = {"name": "M3 Max", "memory_gb": 64}
+    assert features.features(parse_row(row), roofline.analyse(parse_row(row)), "decode")["multi_die"] == 0.0
+    row["hardware"] = {"name": "some-board", "kind": "gpu", "memory_gb": 64,
+                       "memory_bandwidth_gbps": 800, "fp16_tflops": 50, "dies": 2}
+    assert parse_row(row).device.dies == 2
+    shipped = artefact.load().decode
+    assert "multi_die" in shipped.base
+    # the shipped residual puts a two-die chip below its one-die twin
+    with_flag = features.features(ultra, roofline.analyse(ultra), "decode")
+    assert shipped.predict_log(with_flag) < shipped.predict_log({**with_flag, "multi_die": 0.0}) - 0.1
+
+
+def test_a_die_count_outside_the_plausible_range_names_the_field(row) -> None:
+    from tightfit.predictor.scenario import RowError, parse_row
+
+    row["hardware"]["dies"] = -2
+    with pytest.raises(RowError, match="hardware.dies"):
+        parse_row(row)

@@ -12,6 +12,13 @@ from tightfit.predictor.roofline import Breakdown, Phase
 from tightfit.predictor.scenario import Scenario
 
 ENGINE_FEATURES = ("engine_hf", "engine_tightfit", "engine_lite")
+# Kept in decode whatever screening says: a chip of several dies on one memory system (Apple's
+# Ultras) reaches a smaller share of its bandwidth, more so the fewer bits a weight has (the
+# llama.cpp table: M1/M2/M3 Ultra decode 0.96x the base at F16, 0.8x at Q8_0, 0.67x at Q4_0;
+# the Max chips 0.86-1.14x). Its 16 rows are too few for screening's threshold; forced in,
+# Apple decode held out by device went 9.0% -> 5.6% MAPE, max 48.7% -> 18.4% (Ultras 37/19/32%
+# -> 9/10/7%), other devices unchanged (2026-12-05, docs/predictor.md).
+DECODE_ALWAYS = ENGINE_FEATURES + ("multi_die",)
 BRIEF_FEATURES = ("lambda_mem", "lambda_comp", "lambda_quant", "lambda_all")
 # Phases whose default candidates include the brief's factors. Decided by the held-out ablation
 # (`tightfit predictor evaluate --split device --brief-factors all|none`, docs/predictor.md):
@@ -79,6 +86,7 @@ def features(s: Scenario, b: Breakdown, phase: str) -> dict[str, float]:
         "log_active_gb": math.log(max(m.active_params_b * s.bits_per_weight / 8, 1e-3)),
         "log_layers": math.log(m.n_layers),
         "moe_active_ratio": m.active_params_b / m.params_b,
+        "multi_die": 1.0 if d.dies > 1 else 0.0,
         "k_quant": 1.0 if "_k" in s.quant else 0.0,
         "engine_hf": 1.0 if s.engine == "hf-transformers" else 0.0,
         "engine_tightfit": 1.0 if s.engine == "tightfit" else 0.0,

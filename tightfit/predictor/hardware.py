@@ -30,6 +30,9 @@ class DeviceSpec:
     link_gbps: float = 16.0
     device_count: int = 1
     cpu_cores: int | None = None
+    # dies that share the memory system: Apple's Ultra chips are two Max dies joined by a
+    # bridge, and llama.cpp's decode reaches a smaller share of their summed bandwidth
+    dies: int = 1
 
     @property
     def device_class(self) -> str:
@@ -123,7 +126,7 @@ def apple_chip(chip: str, gpu_cores: int | None = None, memory_gb: float | None 
     bw, cores, mem = _APPLE_BW[key]
     cores = gpu_cores or cores
     spec = _a(f"Apple {chip.strip()}", memory_gb or mem, bw, cores, _APPLE_TF[key.split()[0]])
-    return spec
+    return replace(spec, dies=2) if key.endswith("ultra") else spec
 
 
 def normalise_name(name: str) -> str:

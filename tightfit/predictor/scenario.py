@@ -116,9 +116,11 @@ def _device(hw: dict[str, Any]) -> tuple[DeviceSpec, float, list[str]]:
     }
     count = _number(hw, "device_count", "hardware", 0, 64)
     cores = _number(hw, "cpu_cores", "hardware", 0, 4096)
+    dies = _number(hw, "dies", "hardware", 0, 64)
     spec = hardware.with_overrides(
         base, **fields, kind=_KIND_ALIASES[str(kind).lower()] if kind else None,
         device_count=int(count) if count else None, cpu_cores=int(cores) if cores else None,
+        dies=int(dies) if dies else None,
     )
     if spec.kind == "cpu" and cores and base.kind == "cpu" and fields["fp16_tflops"] is None:
         spec = replace(spec, fp16_tflops=base.fp16_tflops * cores / max(base.compute_units, 1),

@@ -66,7 +66,8 @@ def fit_phase(obs: Sequence[Observation], phase: str, candidates: Sequence[str] 
     names = supported(list(candidates or features.candidate_names(phase)), smp)
     if screen and len(set(smp.groups)) >= 3:
         sel = screening.select(smp.rows, smp.target, smp.groups, names, phase, smp.weights,
-                               always=features.ENGINE_FEATURES)
+                               always=features.DECODE_ALWAYS if phase == "decode"
+                               else features.ENGINE_FEATURES)
         kept, crosses = list(sel.kept), list(sel.crosses)
         info: dict[str, object] = {
             "threshold": sel.threshold, "cv_r2": round(sel.cv_r2, 4),
