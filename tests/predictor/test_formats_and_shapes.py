@@ -52,6 +52,15 @@ def test_known_moe_uses_the_table() -> None:
     assert (spec.n_layers, spec.active_params_b) == (48, 3.3)
 
 
+def test_lfm2_5_files_take_the_lfm2_shapes() -> None:
+    # LFM2.5 keeps LFM2's shapes: 1.2B = 1.17e9 in 16 layers, a 65,536-entry tied embedding
+    m = architectures.lookup("LFM2.5-1.2B-Instruct-Q4_K_M.gguf")
+    assert (m.params_b, m.n_layers, m.vocab_size, m.ties_embeddings) == (1.17, 16, 65536, True)
+    assert architectures.lookup("LFM2.5-350M-Q4_K_M.gguf").hidden_size == 1024
+    assert architectures.lookup("LFM2.5-2.6B-Q4_K_M.gguf").ties_embeddings
+    assert not architectures.lookup("LFM2.5-Audio-1.5B-Q4_K_M.gguf").shape_known  # no such size
+
+
 def test_name_without_size_is_unknown() -> None:
     assert architectures.lookup("BAAI_AREX-Turbo-Q4_K_M.gguf") is None
 

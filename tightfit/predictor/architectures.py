@@ -130,6 +130,11 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("aya-expanse-8b", 8.03, 32, 4096, 32, 8, 256000, 14336),
     _m("aya-expanse-32b", 32.3, 40, 8192, 64, 8, 256000, 24576),
     _m("c4ai-command-r7b", 8.03, 32, 4096, 32, 8, 256000, 14336),
+    # LFM2 / LFM2.5 (hybrid: 6 to 8 of the layers attend, the rest are short convolutions)
+    _m("lfm2-350m", 0.354, 16, 1024, 16, 8, 65536, 4608),
+    _m("lfm2-700m", 0.742, 16, 1536, 24, 8, 65536, 6912),
+    _m("lfm2-1.2b", 1.17, 16, 2048, 32, 8, 65536, 8192),
+    replace(_m("lfm2-2.6b", 2.57, 30, 2048, 32, 8, 65536, 10752), tied_embeddings=True),
     _m("lfm2-8b-a1b", 8.3, 24, 2048, 32, 8, 65536, 1792, active=1.5),
     _m("ernie-4.5-21b-a3b", 21.8, 28, 2560, 20, 4, 103424, 1536, active=3.0),
     _m("ernie-4.5-0.3b", 0.36, 18, 1024, 16, 2, 103424, 3072),
