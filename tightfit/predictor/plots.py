@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-COLOURS = {"apple": "tab:blue", "llmfit": "tab:orange", "design": "tab:green"}
+COLOURS = {"apple": "tab:blue", "llmfit": "tab:orange", "design": "tab:green",
+           "tightfit": "tab:red"}  # tightfit: this project's own measurements
 
 
 def scatter(pairs: Sequence[Any], metric: str, title: str, path: Path) -> Path:
