@@ -14,10 +14,11 @@ from tightfit.predictor.scenario import Scenario
 ENGINE_FEATURES = ("engine_hf", "engine_tightfit", "engine_lite")
 # Kept in decode whatever screening says: a chip of several dies on one memory system (Apple's
 # Ultras) reaches a smaller share of its bandwidth, more so the fewer bits a weight has (the
-# llama.cpp table: M1/M2/M3 Ultra decode 0.96x the base at F16, 0.8x at Q8_0, 0.67x at Q4_0;
-# the Max chips 0.86-1.14x). Its 16 rows are too few for screening's threshold; forced in,
-# Apple decode held out by device went 9.0% -> 5.6% MAPE, max 48.7% -> 18.4% (Ultras 37/19/32%
-# -> 9/10/7%), other devices unchanged (2026-12-05, docs/predictor.md).
+# llama.cpp table: M1/M2/M3 Ultra decode ~0.96x the base at F16, ~0.83x at Q8_0, ~0.68x at
+# Q4_0; the Max chips 0.86-1.14x). Its 16 rows are too few for screening's threshold; forced
+# in, Apple decode held out by device went 9.0% -> 5.7% MAPE, max 48.7% -> 18.2% (Ultras
+# 37/19/32% -> 9/10/7%), and llmfit 16.8% -> 15.0%: without it the Ultras, at the top of the
+# bandwidth range, bent the bandwidth slope for every device (2026-12-05, docs/predictor.md).
 DECODE_ALWAYS = ENGINE_FEATURES + ("multi_die",)
 BRIEF_FEATURES = ("lambda_mem", "lambda_comp", "lambda_quant", "lambda_all")
 # Phases whose default candidates include the brief's factors. Decided by the held-out ablation
