@@ -139,6 +139,25 @@ def test_llama_cpp_computes_q4_0_faster_on_a_cpu_only() -> None:
     assert g40 / g41 < 1.2
 
 
+def test_the_lite_runtime_prompts_float_weights_slower_than_blocks() -> None:
+    """Its prompt kernel multiplies float weights against f32 activations (measured 0.7x the
+    Q4_1 rate) and Q8_0 blocks with integer dot products (1.1x): compute time follows."""
+    from tightfit.predictor.roofline import analyse
+    from tightfit.predictor.scenario import parse_row
+
+    def comp_s(quant: str) -> float:
+        hw = {"name": "x", "kind": "cpu", "memory_gb": 24, "memory_bandwidth_gbps": 25,
+              "fp16_tflops": 0.2, "cpu_cores": 2}
+        s = parse_row({"id": "q", "hardware": hw, "model": "SmolLM2-135M", "quant": quant,
+                       "engine": "tightfit-lite",
+                       "workload": {"prompt_tokens": 512, "gen_tokens": 128}})
+        return analyse(s).prefill.comp_s
+
+    assert comp_s("F16") == pytest.approx(comp_s("Q4_1") / 0.7)
+    assert comp_s("Q8_0") == pytest.approx(comp_s("Q4_1") / 1.1)
+    assert comp_s("Q4_0") == pytest.approx(comp_s("Q4_1"))
+
+
 def test_prefill_gives_a_class_it_never_saw_the_analytic_base_alone(tmp_path) -> None:
     """With `unseen_class_physics` (prefill's residual), a device of a class with no training
     row gets no correction; seen classes keep theirs; it survives the JSON round trip. The

@@ -63,7 +63,19 @@ def profile(engine: str, device_class: str, quant: str | None = None) -> EngineP
         # decode 115-120 vs 144-154 (1.26-1.29x).
         return replace(base, comp_eff=base.comp_eff * 2.5,
                        decode_comp_eff=base.decode_comp_eff * 1.3)
+    if engine == "tightfit-lite" and quant in _LITE_PROMPT_RATE:
+        return replace(base, comp_eff=base.comp_eff * _LITE_PROMPT_RATE[quant])
     return base
+
+
+# The lite runtime's prompt kernel by stored format, relative to Q4_0 / Q4_1: float weights are
+# multiplied against f32 activations (4 bytes read per multiply-add from cache), the block
+# formats against int8 ones with integer dot products. Component measurement (tf_linear alone,
+# a 1536 x 576 matrix as in SmolLM2, 128 tokens, best of 5, 2026-12-05 00:58 UTC): 1 thread
+# F32 47.1, F16 47.7, Q4_0 69.9, Q4_1 68.3, Q8_0 76.6 GFLOP/s; 2 threads 94.1 / 95.7 / 131.8 /
+# 129.3 / 144.7. Without it the lite F16 rows' prompt rate was predicted 1.3-2.1x too fast
+# held out by thread count.
+_LITE_PROMPT_RATE = {"f16": 0.7, "f32": 0.7, "fp32": 0.7, "q8_0": 1.1}
 
 
 # How the engines run, whatever the device. llama.cpp and the lite runtime: f16 K/V by default,
