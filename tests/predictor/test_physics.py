@@ -81,6 +81,31 @@ def test_hf_transformers_holds_dequantised_weights(row) -> None:
     assert hf == pytest.approx(8.03e9 * 2)
 
 
+def test_hf_transformers_keeps_bitsandbytes_gptq_awq_weights_quantised(row) -> None:
+    """A GGUF file HF dequantises; load_in_4bit / 8bit, GPTQ and AWQ it holds as stored, but
+    for the embedding and the (untied) head, which stay in the compute dtype."""
+    row["engine"] = "hf-transformers"
+    row["hardware"]["memory_gb"] = 12
+    embed = 128256 * 4096
+    gguf = _analyse(row)  # Q4_K_M: dequantised to fp16, does not fit a 12 GiB card
+    row["quant"] = "nf4"
+    nf4 = _analyse(row)
+    row["quant"] = "F16"
+    f16 = _analyse(row)
+    expected = ((8.03e9 - 2 * embed) * 4.5 + 2 * embed * 16) / 8
+    assert nf4.memory.weights_bytes == pytest.approx(expected)
+    assert gguf.memory.weights_bytes == pytest.approx(8.03e9 * 2) == f16.memory.weights_bytes
+    assert nf4.memory.fits_on_device and not f16.memory.fits_on_device
+    # the loader holds one float tensor at a time, not a float copy of the model
+    assert nf4.memory.load_transient_bytes == pytest.approx(embed * 2)
+    # speed as with float weights (not measured here): not faster than fp16 where it fits
+    row["hardware"]["memory_gb"] = 40
+    assert nf4.decode.mem_s == pytest.approx(_analyse(row).decode.mem_s)
+    s = parse_row({**row, "quant": "nf4"})
+    assert s.widen == pytest.approx(1.5) and any("bitsandbytes" in n for n in s.notes)
+    assert parse_row({**row, "quant": "Q4_K_M"}).widen == 1.0
+
+
 def test_brief_lambda_factors() -> None:
     assert features.lambda_mem(32) == 1.0 and features.lambda_mem(64) == pytest.approx(0.5)
     assert features.lambda_mem(10) == 1.0

@@ -28,7 +28,15 @@ BITS_PER_WEIGHT: dict[str, float] = {
     "int4-awq-g32": 5.0, "int4-awq-g64": 4.5, "int4-awq-g128": 4.25,
     # Other engines' names seen in the measurement tables.
     "4bit": 4.5, "8bit": 8.5, "awq": 4.25, "awq-int4": 4.25, "gptq": 4.25, "int4": 4.25,
+    # bitsandbytes 4-bit (HF Transformers' load_in_4bit): 4 bits + an fp32 absmax per 64 values
+    "nf4": 4.5, "fp4": 4.5,
 }
+
+# Formats HF Transformers keeps quantised in memory: bitsandbytes 4-/8-bit, GPTQ and AWQ int4
+# checkpoints, fp8 checkpoints. It quantises the decoder's linear layers only (the embedding and
+# the output head stay in the compute dtype). A GGUF file it dequantises into float tensors.
+HF_HELD_QUANTISED = frozenset({"4bit", "nf4", "fp4", "8bit", "int8", "int4", "gptq", "awq",
+                               "awq-int4", "fp8"})
 
 # Bytes per stored KV element.
 KV_BYTES: dict[str, float] = {
@@ -90,6 +98,6 @@ def quant_from_filename(filename: str) -> str | None:
 
 
 def _public_names() -> list[str]:
-    upper = [k.upper() for k in BITS_PER_WEIGHT if k.startswith(("q", "iq", "f", "b", "mx", "nv"))]
-    lower = [k for k in BITS_PER_WEIGHT if k.startswith(("int", "fp"))]
-    return upper + lower
+    gguf = [k for k in BITS_PER_WEIGHT
+            if k.startswith(("q", "iq", "tq", "mx", "nv")) or k in ("f16", "f32", "bf16")]
+    return [k.upper() for k in gguf] + [k for k in BITS_PER_WEIGHT if k not in gguf]

@@ -95,7 +95,8 @@ def prefill_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tupl
     # weights once; the torch engine's chunks are counted in its efficiency instead
     ubatches = math.ceil(p / prof.prompt_chunk) if prof.chunk_reads_weights else 1
     weights = memory.weight_bytes(s, prof)
-    mem_s = mem.device_fraction * weights * ubatches / (d.bandwidth_gbps * 1e9 * prof.bw_eff)
+    mem_s = mem.device_fraction * memory.streamed_weight_bytes(s, prof) * ubatches / (
+        d.bandwidth_gbps * 1e9 * prof.bw_eff)
     comp_s = flops / (d.fp16_tflops * 1e12 * prof.comp_eff)
     off = (1 - mem.device_fraction) * weights * ubatches / (d.link_gbps * 1e9 * _LINK_EFF)
     ovh = ubatches * (prof.step_overhead_s + prof.layer_overhead_s * m.n_layers)

@@ -74,9 +74,14 @@ def parse_row(row: Any) -> Scenario:
     if engine == "tightfit-lite":
         _lite_supported(device, quant)
     workload = _workload(row.get("workload", {}))
-    notes = tuple(hw_notes + model_notes)
-    return Scenario(str(rid), device, model, quant, bpw, engine, workload,
-                    hw_widen * model_widen, notes)
+    notes = hw_notes + model_notes
+    widen = hw_widen * model_widen
+    if engine == "hf-transformers" and quant in formats.HF_HELD_QUANTISED:
+        notes.append(f"hf-transformers holds {quant} weights quantised (bitsandbytes, GPTQ, AWQ):"
+                     " linear layers as stored, embedding and head in the compute dtype; its"
+                     " speed with them is not measured here and is taken as with float weights")
+        widen *= 1.5
+    return Scenario(str(rid), device, model, quant, bpw, engine, workload, widen, tuple(notes))
 
 
 def _section(row: dict[str, Any], name: str) -> dict[str, Any]:
