@@ -107,3 +107,16 @@ def test_memory_parts_explain_the_peak(row) -> None:
         assert out["peak_memory_gb"] == pytest.approx(parts, rel=1e-3)
     assert short["memory"]["peak_phase"] == "load" and long["memory"]["peak_phase"] == "serving"
     assert long["peak_memory_gb"] > short["peak_memory_gb"]
+
+
+def test_unknown_device_error_names_the_closest_catalog_entries() -> None:
+    from tightfit.predictor import predict
+
+    out = predict([{"id": "x", "hardware": "RTX 3080 Laptop GPU", "model": "Meta-Llama-3-8B",
+                    "quant": "Q4_K_M", "engine": "llama.cpp"},
+                   {"id": "y", "hardware": "RTX 4060 Ti 16GB", "model": "Meta-Llama-3-8B",
+                    "quant": "Q8_0", "engine": "llama.cpp"}])
+    err = out[0]["error"]
+    assert err["field"] == "hardware.memory_bandwidth_gbps"
+    assert "RTX 3080 Laptop GPU" in err["message"] and "GeForce RTX 3080" in err["message"]
+    assert out[1]["fits"] is True and any("16 GiB in its name" in n for n in out[1]["notes"])

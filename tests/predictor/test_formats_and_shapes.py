@@ -79,6 +79,41 @@ def test_catalog_does_not_guess_unknown_devices() -> None:
     assert hardware.lookup("RTX 9999") is None
 
 
+@pytest.mark.parametrize("name,entry,bw", [
+    ("RTX 4070 Ti", "GeForce RTX 4070 Ti", 504), ("RTX 4070 SUPER", "GeForce RTX 4070 SUPER", 504),
+    ("Radeon RX 7900 GRE", "Radeon RX 7900 GRE", 576), ("RX 7900 XT", "Radeon RX 7900 XT", 800),
+    ("NVIDIA GeForce RTX 4090 Laptop GPU", "GeForce RTX 4090 Laptop GPU", 576),
+    ("RTX 4090 Mobile", "GeForce RTX 4090 Laptop GPU", 576),
+    ("NVIDIA GeForce RTX 4090", "GeForce RTX 4090", 1008),
+    ("NVIDIA H100 80GB HBM3", "H100 SXM", 3350), ("NVIDIA H100 PCIe", "H100 PCIe", 2000),
+    ("NVIDIA A100-SXM4-80GB", "A100 SXM 80GB", 2039), ("NVIDIA A100 80GB PCIe", "A100 PCIe 80GB", 1935),
+    ("Jetson Orin Nano Super", "Jetson Orin Nano Super 8GB", 102),
+    ("AMD Ryzen AI Max+ 395 w/ Radeon 8060S", "Radeon 8060S (Ryzen AI Max+ 395)", 256),
+    ("AMD Ryzen 9 7950X 16-Core Processor", "Ryzen 9 7950X", 83),
+])
+def test_catalog_tells_variants_apart(name: str, entry: str, bw: float) -> None:
+    """A variant token (Ti, SUPER, GRE, XT, laptop, SXM/PCIe) must agree, so a name is never
+    taken for the sibling card with other memory or bandwidth."""
+    spec = hardware.lookup(name)
+    assert spec is not None and (spec.name, spec.bandwidth_gbps) == (entry, bw)
+
+
+def test_catalog_has_no_laptop_part_for_a_desktop_only_entry() -> None:
+    # no laptop RTX 3080 in the catalog: better an error than the desktop card's 760 GB/s
+    assert hardware.lookup("RTX 3080 Laptop GPU") is None
+    assert "GeForce RTX 3080" in hardware.closest_names("RTX 3080 Laptop GPU")
+
+
+@pytest.mark.parametrize("name,mem", [("RTX 4060 Ti 16GB", 16), ("Tesla V100-SXM2-32GB", 32),
+                                      ("Raspberry Pi 5 16GB", 16), ("M4 Max 128GB", 128),
+                                      ("Apple M3 Max 48 GB", 48), ("A100 40GB", 40),
+                                      ("Jetson AGX Orin 32GB", 32)])
+def test_memory_size_in_the_name_sets_memory(name: str, mem: float) -> None:
+    spec = hardware.lookup(name)
+    assert spec is not None and spec.memory_gb == mem
+    assert hardware.memory_in_name(name) == mem and hardware.memory_in_name("RTX 4060 Ti") is None
+
+
 def test_apple_core_count_scales_compute() -> None:
     small, big = hardware.apple_chip("M2 Max", 30), hardware.apple_chip("M2 Max", 38)
     assert big.fp16_tflops / small.fp16_tflops == pytest.approx(38 / 30)

@@ -69,35 +69,59 @@ CATALOG: tuple[DeviceSpec, ...] = (
     # NVIDIA / AMD / Intel discrete GPUs: dense fp16 matrix TFLOPS (tensor cores where present).
     _g("GeForce GTX 1050 Ti", 4, 112, 2.1, 6), _g("GeForce GTX 1060", 6, 192, 4.4, 10),
     _g("GeForce GTX 1070", 8, 256, 6.5, 15), _g("GeForce GTX 1080 Ti", 11, 484, 11.3, 28),
-    _g("GeForce GTX 1650", 4, 128, 6.0, 14), _g("GeForce RTX 2060", 6, 336, 52, 30),
+    _g("GeForce GTX 1650", 4, 128, 6.0, 14), _g("GeForce GTX 1660 SUPER", 6, 336, 10, 22),
+    _g("GeForce RTX 2060", 6, 336, 52, 30), _g("GeForce RTX 2060 SUPER", 8, 448, 57, 34),
     _g("GeForce RTX 2070 SUPER", 8, 448, 72, 40), _g("GeForce RTX 2080", 8, 448, 80, 46),
     _g("GeForce RTX 2080 Ti", 11, 616, 108, 68), _g("GeForce RTX 3050", 8, 224, 36, 20),
-    _g("GeForce RTX 3060", 12, 360, 51, 28), _g("GeForce RTX 3070", 8, 448, 81, 46),
-    _g("GeForce RTX 3080", 10, 760, 119, 68), _g("GeForce RTX 3090", 24, 936, 142, 82),
+    _g("GeForce RTX 3060", 12, 360, 51, 28), _g("GeForce RTX 3060 Ti", 8, 448, 65, 38),
+    _g("GeForce RTX 3070", 8, 448, 81, 46), _g("GeForce RTX 3070 Ti", 8, 608, 87, 48),
+    _g("GeForce RTX 3080", 10, 760, 119, 68), _g("GeForce RTX 3080 Ti", 12, 912, 136, 80),
+    _g("GeForce RTX 3090", 24, 936, 142, 82), _g("GeForce RTX 3090 Ti", 24, 1008, 160, 84),
     _g("GeForce RTX 4060", 8, 272, 60, 24), _g("GeForce RTX 4060 Ti", 8, 288, 88, 34),
-    _g("GeForce RTX 4070", 12, 504, 117, 46), _g("GeForce RTX 4080", 16, 717, 195, 76),
-    _g("GeForce RTX 4090", 24, 1008, 330, 128), _g("GeForce RTX 5060 Ti", 16, 448, 95, 36),
-    _g("GeForce RTX 5070", 12, 672, 123, 48), _g("GeForce RTX 5080", 16, 960, 225, 84),
-    _g("GeForce RTX 5090", 32, 1792, 419, 170), _g("Tesla T4", 16, 320, 65, 40),
-    _g("Tesla V100", 16, 900, 125, 80), _g("A10G", 24, 600, 125, 80), _g("A10", 24, 600, 125, 72),
-    _g("L4", 24, 300, 121, 58), _g("A100 40GB", 40, 1555, 312, 108),
-    _g("A100 80GB", 80, 2039, 312, 108), _g("H100 SXM", 80, 3350, 990, 132),
-    _g("H100 PCIe", 80, 2000, 756, 114), _g("H200", 141, 4800, 990, 132),
-    _g("RTX A4000", 16, 448, 77, 48), _g("RTX 4000 Ada", 20, 360, 107, 48),
+    _g("GeForce RTX 4070", 12, 504, 117, 46), _g("GeForce RTX 4070 SUPER", 12, 504, 142, 56),
+    _g("GeForce RTX 4070 Ti", 12, 504, 160, 60), _g("GeForce RTX 4070 Ti SUPER", 16, 672, 176, 66),
+    _g("GeForce RTX 4080", 16, 717, 195, 76), _g("GeForce RTX 4080 SUPER", 16, 736, 209, 80),
+    _g("GeForce RTX 4090", 24, 1008, 330, 128), _g("GeForce RTX 5060", 8, 448, 77, 30),
+    _g("GeForce RTX 5060 Ti", 16, 448, 95, 36), _g("GeForce RTX 5070", 12, 672, 123, 48),
+    _g("GeForce RTX 5070 Ti", 16, 896, 176, 70), _g("GeForce RTX 5080", 16, 960, 225, 84),
+    _g("GeForce RTX 5090", 32, 1792, 419, 170),
+    # laptop parts: other chips, memory and clocks than the desktop cards of the same number
+    _g("GeForce RTX 3060 Laptop GPU", 6, 336, 52, 30),
+    _g("GeForce RTX 4060 Laptop GPU", 8, 256, 58, 24),
+    _g("GeForce RTX 4090 Laptop GPU", 16, 576, 160, 76),
+    _g("Tesla P40", 24, 347, 12, 30),  # fp16 runs at 1/64 rate: the fp32 figure
+    _g("Tesla P100", 16, 732, 19, 56), _g("Tesla T4", 16, 320, 65, 40),
+    _g("Tesla V100", 16, 900, 125, 80), _g("Tesla V100 SXM", 16, 900, 125, 80),
+    _g("Tesla V100 PCIe", 16, 900, 112, 80), _g("A10G", 24, 600, 125, 80), _g("A10", 24, 600, 125, 72),
+    _g("L4", 24, 300, 121, 58), _g("L40S", 48, 864, 362, 142), _g("A100 40GB", 40, 1555, 312, 108),
+    _g("A100 80GB", 80, 2039, 312, 108), _g("A100 SXM 40GB", 40, 1555, 312, 108),
+    _g("A100 SXM 80GB", 80, 2039, 312, 108), _g("A100 PCIe 40GB", 40, 1555, 312, 108),
+    _g("A100 PCIe 80GB", 80, 1935, 312, 108), _g("H100 SXM", 80, 3350, 990, 132),
+    _g("H100 PCIe", 80, 2000, 756, 114), _g("H100 NVL", 94, 3900, 835, 132),
+    _g("H200", 141, 4800, 990, 132),
+    _g("RTX A4000", 16, 448, 77, 48), _g("RTX A5000", 24, 768, 111, 64),
+    _g("RTX A6000", 48, 768, 155, 84), _g("RTX 4000 Ada", 20, 360, 107, 48),
     _g("RTX 5880 Ada Generation", 48, 960, 277, 110), _g("RTX 6000 Ada", 48, 960, 364, 142),
-    _g("Radeon RX 6800 XT", 16, 512, 41, 72), _g("Radeon RX 7600", 8, 288, 43, 32),
-    _g("Radeon RX 7800 XT", 16, 624, 74, 60), _g("Radeon RX 7900 XTX", 24, 960, 123, 96),
-    _g("Radeon RX 7900 XT", 20, 800, 103, 84), _g("Radeon RX 9070 XT", 16, 640, 195, 64),
-    _g("Arc A770", 16, 560, 138, 32), _g("Arc B580", 12, 456, 117, 20),
+    _g("RTX PRO 6000 Blackwell", 96, 1792, 500, 188),
+    _g("Radeon RX 6700 XT", 12, 384, 26, 40), _g("Radeon RX 6800 XT", 16, 512, 41, 72),
+    _g("Radeon RX 7600", 8, 288, 43, 32), _g("Radeon RX 7800 XT", 16, 624, 74, 60),
+    _g("Radeon RX 7900 GRE", 16, 576, 92, 80), _g("Radeon RX 7900 XTX", 24, 960, 123, 96),
+    _g("Radeon RX 7900 XT", 20, 800, 103, 84), _g("Radeon RX 9070", 16, 640, 145, 56),
+    _g("Radeon RX 9070 XT", 16, 640, 195, 64), _g("Radeon VII", 16, 1024, 27, 60),
+    _g("Instinct MI210", 64, 1638, 181, 104), _g("Instinct MI300X", 192, 5300, 1307, 304),
+    _g("Arc A750", 8, 512, 118, 28), _g("Arc A770", 16, 560, 138, 32),
+    _g("Arc B580", 12, 456, 117, 20),
     # Integrated GPUs and SoCs sharing system memory.
     _s("Arc Graphics 130V/140V (integrated)", "igpu", 32, 136, 16, 8),
     _s("Iris Xe Graphics (integrated)", "igpu", 32, 68, 4.4, 96),
     _s("Radeon 780M (integrated)", "igpu", 32, 90, 8.6, 12),
     _s("Radeon 840M / 860M Graphics", "igpu", 32, 120, 6, 8),
+    _s("Radeon 8060S (Ryzen AI Max+ 395)", "igpu", 128, 256, 30, 40),
     _s("NVIDIA GB10", "edge", 128, 273, 62, 48),
     _s("Jetson AGX Orin 64GB", "edge", 64, 204.8, 42, 16),
     _s("Jetson Orin NX 16GB", "edge", 16, 102.4, 19, 8),
     _s("Jetson Orin Nano 8GB", "edge", 8, 68, 10, 8),
+    _s("Jetson Orin Nano Super 8GB", "edge", 8, 102, 16, 8),
     _s("Ascend 310P", "edge", 24, 204.8, 70, 8),
     # Edge CPUs and common server/desktop CPUs (bandwidth = sustained-peak DRAM figure).
     _c("Raspberry Pi 5", 8, 17, 4, 19, 4), _c("Raspberry Pi 4", 8, 6, 4, 12, 4),
@@ -108,6 +132,15 @@ CATALOG: tuple[DeviceSpec, ...] = (
     _c("Ryzen 5 7600X3D", 32, 83, 6, 150), _c("Ryzen Threadripper PRO 5945WX", 128, 204, 12, 110),
     _c("Ryzen AI 7 350", 32, 120, 8, 100), _c("EPYC 9654", 384, 460, 96, 120),
     _c("Xeon Gold 6132", 64, 128, 14, 140, 16), _c("Cortex-A725", 128, 273, 20, 40, 4),
+    _c("Ryzen 7 5800X", 32, 51, 8, 140), _c("Ryzen 9 5900X", 64, 51, 12, 135),
+    _c("Ryzen 9 5950X", 64, 51, 16, 130), _c("Ryzen 7 7800X3D", 32, 83, 8, 155),
+    _c("Ryzen 9 7950X", 64, 83, 16, 160), _c("Ryzen 9 9950X", 64, 90, 16, 300, 16),
+    _c("Core i7-12700K", 32, 77, 12, 100), _c("Core i9-13900K", 64, 90, 24, 85),
+    _c("Core i9-14900K", 64, 90, 24, 90), _c("Core Ultra 7 155H", 32, 120, 16, 60),
+    _c("Core Ultra 7 258V", 32, 136, 8, 70), _c("Intel N100", 16, 38, 4, 54),
+    _c("Snapdragon X Elite", 32, 135, 12, 100, 4),
+    _c("Xeon Platinum 8480+", 512, 307, 56, 120, 16), _c("EPYC 7763", 256, 205, 64, 78),
+    _c("Graviton3", 128, 307, 64, 83), _c("Graviton4", 192, 537, 96, 90, 4),
     _c("Generic 2-core cloud VM (AVX2)", 24, 22, 2, 58),
 )
 
@@ -135,32 +168,82 @@ def normalise_name(name: str) -> str:
     return re.sub(r"[^a-z0-9./]+", " ", s).strip()
 
 
+# Tokens that name a different part of the same family: a name must agree on them with a
+# catalog entry, so an "RTX 4070 Ti" is not taken for the RTX 4070, an RX 7900 GRE (576 GB/s)
+# for the XTX (960), or a laptop RTX 4090 (16 GB, 576 GB/s) for the desktop card.
+_VARIANTS = frozenset({"ti", "super", "xt", "xtx", "gre", "laptop", "nvl", "sxm", "pcie", "nx",
+                       "agx"})
+_MEMORY_TOKEN = re.compile(r"^(\d{1,4})gb$")
+# Names that tools print for a catalog entry without sharing its tokens (nvidia-smi et al.).
+_ALIASES = {"h100 80gb hbm3": "H100 SXM", "h100 sxm 80gb": "H100 SXM",
+            "ryzen ai max 395": "Radeon 8060S (Ryzen AI Max+ 395)",
+            "radeon 8060s": "Radeon 8060S (Ryzen AI Max+ 395)",
+            "ryzen ai max 395 w/ radeon 8060s": "Radeon 8060S (Ryzen AI Max+ 395)",
+            "strix halo": "Radeon 8060S (Ryzen AI Max+ 395)"}
+
+
+def _tokens(norm: str) -> list[str]:
+    """Name tokens with a memory size joined to its unit ("16 gb" -> "16gb"), SXM4/SXM5 and
+    PCIe generations read as the form factor, and "mobile" as "laptop"."""
+    toks = re.sub(r"\b(\d{1,4}) gb\b", r"\1gb", norm).split()
+    toks = [re.sub(r"^(sxm|pcie)\d*$", r"\1", t) for t in toks]
+    return ["laptop" if t == "mobile" else t for t in toks]
+
+
+def memory_in_name(name: str) -> float | None:
+    """A memory size written in a device name ("RTX 4060 Ti 16GB", "M4 Max 128 GB"), in GiB."""
+    sizes = [float(m.group(1)) for t in _tokens(normalise_name(name))
+             if (m := _MEMORY_TOKEN.match(t))]
+    return sizes[-1] if sizes and 0 < sizes[-1] <= 4096 else None
+
+
 def lookup(name: str) -> DeviceSpec | None:
-    """Catalog entry for a device name, or None. Apple chips accept 'M3 Max' or 'Apple M3 Max'."""
+    """Catalog entry for a device name, or None. Apple chips accept 'M3 Max' or 'Apple M3 Max'.
+    A memory size in the name ("RTX 4060 Ti 16GB", "M4 Max 128GB") sets `memory_gb`."""
     norm = normalise_name(name)
-    apple = re.fullmatch(r"(m[1-5])(?: (pro|max|ultra))?", norm)
+    memory = memory_in_name(name)
+    alias = _ALIASES.get(" ".join(_tokens(norm)))
+    if alias:
+        return _best_match(normalise_name(alias), memory)
+    chip = " ".join(t for t in _tokens(norm) if not _MEMORY_TOKEN.match(t))
+    apple = re.fullmatch(r"(m[1-5])(?: (pro|max|ultra))?", chip)
     if apple:
         return apple_chip(" ".join(p for p in apple.groups() if p).upper().replace("PRO", "Pro")
-                          .replace("MAX", "Max").replace("ULTRA", "Ultra"))
-    return _best_match(norm)
+                          .replace("MAX", "Max").replace("ULTRA", "Ultra"), memory_gb=memory)
+    return _best_match(norm, memory)
 
 
-def _best_match(norm: str) -> DeviceSpec | None:
-    want = set(norm.split())
+def _best_match(norm: str, memory: float | None = None) -> DeviceSpec | None:
+    want = set(_tokens(norm))
     best, best_score = None, 0.0
     for spec in CATALOG:
-        have = set(normalise_name(spec.name).split())
+        have = set(_tokens(normalise_name(spec.name)))
         if not have or not want:
             continue
         common = want & have
-        # Every model-number token of the catalog name must be present ("3070" vs "3070 ti").
-        numeric = {t for t in have if any(ch.isdigit() for ch in t) and not t.endswith("gb")}
-        if not numeric <= want or not common:
+        # Every model-number token of the catalog name must be present ("3070" vs "3070 ti"),
+        # and both names must agree on the variant ("ti", "super", "laptop", ...).
+        numeric = {t for t in have if any(ch.isdigit() for ch in t) and not _MEMORY_TOKEN.match(t)}
+        if not numeric <= want or not common or (want & _VARIANTS) != (have & _VARIANTS):
             continue
         score = len(common) / len(have | want)
         if score > best_score:
             best, best_score = spec, score
-    return best if best_score >= 0.34 else None
+    if best is None or best_score < 0.34:
+        return None
+    return replace(best, memory_gb=memory) if memory is not None else best
+
+
+def closest_names(name: str, n: int = 3) -> list[str]:
+    """Catalog names that share the most tokens with `name` (for an error message)."""
+    want = set(_tokens(normalise_name(name)))
+
+    def score(spec: DeviceSpec) -> tuple[int, int]:
+        common = want & set(_tokens(normalise_name(spec.name)))
+        return sum(any(ch.isdigit() for ch in t) for t in common), len(common)
+
+    ranked = sorted(CATALOG, key=lambda sp: tuple(-k for k in score(sp)))
+    return [sp.name for sp in ranked[:n] if score(sp)[1] > 0]
 
 
 def with_overrides(spec: DeviceSpec, **fields: object) -> DeviceSpec:

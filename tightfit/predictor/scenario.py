@@ -140,12 +140,17 @@ def _base_device(name: str, hw: dict[str, Any]) -> tuple[DeviceSpec, float, list
     if found is not None:
         exact = hardware.normalise_name(found.name) == hardware.normalise_name(name)
         note = [] if exact else [f"hardware matched catalog entry {found.name!r}"]
+        if not exact and hardware.memory_in_name(name) is not None:
+            note[0] += f" with the {found.memory_gb:g} GiB in its name"
         return found, 1.0, note
     bw = hw.get("memory_bandwidth_gbps")
     if bw is None:
         label = f"hardware.name {name!r} is not in the catalog" if name else "hardware.name missing"
+        near = hardware.closest_names(name) if name else []
+        hint = f" (closest entries: {', '.join(near)})" if near else ""
         raise RowError("hardware.memory_bandwidth_gbps",
-                       f"missing and {label}; give the bandwidth in GB/s or a known device name")
+                       f"missing and {label}{hint}; give the bandwidth in GB/s or a known "
+                       "device name")
     kind = str(hw.get("kind") or "gpu").lower()
     guess = DeviceSpec(name or "unnamed", _KIND_ALIASES.get(kind, "gpu"), 8.0, float(bw),
                        max(float(bw) / 10.0, 0.05), 16, unified=kind != "gpu")
