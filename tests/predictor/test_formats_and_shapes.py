@@ -118,3 +118,28 @@ def test_apple_core_count_scales_compute() -> None:
     small, big = hardware.apple_chip("M2 Max", 30), hardware.apple_chip("M2 Max", 38)
     assert big.fp16_tflops / small.fp16_tflops == pytest.approx(38 / 30)
     assert small.device_class == "apple" and small.bandwidth_gbps == 400
+
+
+@pytest.mark.parametrize("name,total,active", [
+    ("Mixtral-8x7B-Instruct-v0.1-Q4_K_M.gguf", 46.7, 12.9), ("Llama-4-Scout-17B-16E-Instruct", 108.6, 17.2),
+    ("DeepSeek-R1", 671.0, 37.0), ("DeepSeek-V3-0324", 671.0, 37.0), ("GLM-4.5-Air", 106.9, 12.0),
+    ("Kimi-K2-Instruct", 1026.0, 32.6), ("Qwen3-235B-A22B-Instruct-2507", 235.1, 22.2),
+    ("Llama-3.3-70B-Instruct", 70.6, 70.6), ("DeepSeek-R1-Distill-Qwen-7B", 7.62, 7.62),
+])
+def test_mixtures_of_experts_by_name_are_not_read_as_dense(name: str, total: float,
+                                                           active: float) -> None:
+    """A Mixtral or Llama 4 name once came out dense (8x7B: 44.8B all active; Scout: 17B in
+    all), so its decode was predicted ~3.5x too slow and Scout's memory 6x too small."""
+    m = architectures.lookup(name)
+    assert m is not None and m.shape_known
+    assert (m.params_b, m.active_params_b) == pytest.approx((total, active))
+
+
+def test_an_unknown_nxm_merge_gets_two_experts_active() -> None:
+    total, active = architectures.parse_sizes("some-4x7B-merge")
+    assert total == pytest.approx(22.4) and active == pytest.approx(22.4 * (0.035 + 0.965 / 2))
+
+
+def test_mla_models_cache_576_values_per_layer() -> None:
+    # llama.cpp caches DeepSeek's compressed latent (512) and rope key (64); V is a view of it
+    assert architectures.lookup("DeepSeek-V3").kv_elements_per_token() == 61 * 576

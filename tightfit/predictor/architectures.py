@@ -64,7 +64,10 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("llama-2-13b", 13.0, 40, 5120, 40, 40, 32000, 13824),
     _m("llama-3-8b", 8.03, 32, 4096, 32, 8, 128256, 14336),
     _m("llama-3.1-8b", 8.03, 32, 4096, 32, 8, 128256, 14336),
+    _m("llama-3-70b", 70.6, 80, 8192, 64, 8, 128256, 28672),
     _m("llama-3.1-70b", 70.6, 80, 8192, 64, 8, 128256, 28672),
+    _m("llama-3.3-70b", 70.6, 80, 8192, 64, 8, 128256, 28672),
+    _m("llama-3.1-405b", 406.0, 126, 16384, 128, 8, 128256, 53248),
     _m("llama-3.2-1b", 1.24, 16, 2048, 32, 8, 128256, 8192),
     _m("llama-3.2-3b", 3.21, 28, 3072, 24, 8, 128256, 8192),
     _m("tinyllama-1.1b", 1.10, 22, 2048, 32, 4, 32000, 5632),
@@ -112,6 +115,18 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
        experts=19.11),
     _m("gpt-oss-120b", 117.0, 36, 2880, 64, 8, 201088, 2880, active=5.1, head_dim=64,
        experts=114.66),
+    # mixtures of experts (intermediate = one expert's width)
+    _m("mixtral-8x7b", 46.7, 32, 4096, 32, 8, 32000, 14336, active=12.9, experts=45.1),
+    _m("mixtral-8x22b", 140.6, 56, 6144, 48, 8, 32768, 16384, active=39.1, experts=135.3),
+    _m("llama-4-scout-17b-16e", 108.6, 48, 5120, 40, 8, 202048, 8192, active=17.2),
+    _m("llama-4-maverick-17b-128e", 401.6, 48, 5120, 40, 8, 202048, 8192, active=17.2),
+    _m("qwen3-235b-a22b", 235.1, 94, 4096, 64, 4, 151936, 1536, active=22.2, head_dim=128),
+    _m("glm-4.5-air", 106.9, 46, 4096, 96, 8, 151552, 1408, active=12.0, head_dim=128),
+    _m("glm-4.5", 355.0, 92, 5120, 96, 8, 151552, 1536, active=32.0, head_dim=128),
+    # DeepSeek V3 / R1 and Kimi K2 attend through MLA: llama.cpp caches 512 + 64 values per layer
+    # and token (V is a view of K), written here as one KV head of 288
+    _m("deepseek-v3", 671.0, 61, 7168, 128, 1, 129280, 2048, active=37.0, head_dim=288),
+    _m("kimi-k2", 1026.0, 61, 7168, 64, 1, 163840, 2048, active=32.6, head_dim=288),
     _m("falcon3-1b", 1.67, 18, 2048, 8, 4, 131072, 8192, head_dim=256),
     _m("falcon3-3b", 3.23, 22, 3072, 12, 4, 131072, 9216, head_dim=256),
     _m("falcon3-7b", 7.46, 28, 3072, 12, 4, 131072, 23040, head_dim=256),
@@ -157,7 +172,13 @@ _FAMILY_HINTS: list[tuple[str, str]] = [
     ("distill-qwen-1.5b", "qwen2.5-1.5b"), ("distill-qwen-7b", "qwen2.5-7b"),
     ("distill-qwen-14b", "qwen2.5-14b"), ("distill-llama-8b", "llama-3.1-8b"),
     ("qwen3-coder-30b-a3b", "qwen3-30b-a3b"), ("deepseek-r1:7b", "qwen2.5-7b"),
+    ("qwen3-next-80b-a3b", "qwen3-coder-next"), ("llama-4-scout", "llama-4-scout-17b-16e"),
+    ("llama-4-maverick", "llama-4-maverick-17b-128e"), ("deepseek-r1:671b", "deepseek-v3"),
+    ("glm-4.5-air", "glm-4.5-air"), ("glm-4.6", "glm-4.5"),
 ]
+# Whole names (after clean_name) that name a table entry without its size.
+_EXACT_NAMES = {"deepseek-r1": "deepseek-v3", "deepseek-r1-0528": "deepseek-v3",
+                "deepseek-v3.1": "deepseek-v3", "deepseek-v3-0324": "deepseek-v3"}
 
 
 def estimate_shape(name: str, params_b: float, active_b: float | None = None) -> ModelSpec:
@@ -203,8 +224,10 @@ def parse_sizes(name: str) -> tuple[float | None, float | None]:
     """(total, active) billions of parameters stated in a name; either may be None."""
     s = clean_name(name)
     moe = _MOE.search(s)
-    if moe:
-        return int(moe.group(1)) * float(moe.group(2)) * 0.8, None
+    if moe:  # "8x7B": Mixtral's naming, two experts of N a token; ~3.5% of it shared
+        n = int(moe.group(1))
+        total = n * float(moe.group(2)) * 0.8
+        return total, (total * (0.035 + 0.965 * min(2, n) / n) if n > 2 else None)
     active = _ACTIVE.search(s)
     act = _num(active.group(1), active.group(2)) if active else None
     eff = _EFFECTIVE.search(s)
@@ -230,17 +253,20 @@ def lookup(name: str) -> ModelSpec | None:
 
 
 def _table_key(s: str) -> str | None:
+    if s in _EXACT_NAMES:
+        return _EXACT_NAMES[s]
     for frag, key in _FAMILY_HINTS:
         if frag in s:
+            return key
+    for key, spec in KNOWN.items():  # a mixture of experts by its whole name ("glm-4.5")
+        if spec.is_moe and key in s:
             return key
     total, active = parse_sizes(s)
     if total is None:
         return None
     for key, spec in KNOWN.items():
-        family = key.rsplit("-", 1)[0] if not spec.is_moe else key
-        if spec.is_moe and key in s:
-            return key
-        if not spec.is_moe and _family_in(family, s) and _size_matches(key, total, active):
+        if not spec.is_moe and _family_in(key.rsplit("-", 1)[0], s) and \
+                _size_matches(key, total, active):
             return key
     return None
 
