@@ -143,3 +143,16 @@ def test_an_unknown_nxm_merge_gets_two_experts_active() -> None:
 def test_mla_models_cache_576_values_per_layer() -> None:
     # llama.cpp caches DeepSeek's compressed latent (512) and rope key (64); V is a view of it
     assert architectures.lookup("DeepSeek-V3").kv_elements_per_token() == 61 * 576
+
+
+@pytest.mark.parametrize("name,cores,mem,bw", [
+    ("Apple M3 Max 16-core CPU 40-core GPU 128GB", 40, 128, 400),
+    ("M3 Max 30-core GPU 36GB", 30, 36, 300), ("M4 Max 32-core GPU", 32, 36, 410),
+    ("M4 Pro 14-core CPU 20-core GPU 48GB unified memory", 20, 48, 273),
+    ("Apple M2 Ultra with 76-core GPU", 76, 64, 800),
+])
+def test_apple_configurations_as_apple_names_them(name: str, cores: int, mem: float,
+                                                  bw: float) -> None:
+    spec = hardware.lookup(name)
+    assert spec is not None and spec.device_class == "apple"
+    assert (spec.compute_units, spec.memory_gb, spec.bandwidth_gbps) == (cores, mem, bw)

@@ -153,11 +153,17 @@ _APPLE_BW = {
 }
 
 
+# Binned variants with a narrower memory bus than the full chip (the llama.cpp Apple table's
+# figures: M3 Max 30-core GPU 300 GB/s, M4 Max 32-core GPU 410 GB/s)
+_APPLE_BINNED_BW = {("m3 max", 30): 300, ("m4 max", 32): 410}
+
+
 def apple_chip(chip: str, gpu_cores: int | None = None, memory_gb: float | None = None) -> DeviceSpec:
     """Spec of an Apple chip ('M2 Max'); gpu_cores/memory override the catalog's default variant."""
     key = chip.lower().replace("apple", "").strip()
     bw, cores, mem = _APPLE_BW[key]
     cores = gpu_cores or cores
+    bw = _APPLE_BINNED_BW.get((key, cores), bw)
     spec = _a(f"Apple {chip.strip()}", memory_gb or mem, bw, cores, _APPLE_TF[key.split()[0]])
     return replace(spec, dies=2) if key.endswith("ultra") else spec
 
@@ -206,10 +212,14 @@ def lookup(name: str) -> DeviceSpec | None:
     if alias:
         return _best_match(normalise_name(alias), memory)
     chip = " ".join(t for t in _tokens(norm) if not _MEMORY_TOKEN.match(t))
-    apple = re.fullmatch(r"(m[1-5])(?: (pro|max|ultra))?", chip)
+    # "M3 Max", or as Apple lists a configuration: "M3 Max 16-core CPU 40-core GPU 128GB"
+    apple = re.fullmatch(r"(m[1-5])(?: (pro|max|ultra))?((?: (?:\d+ core(?: cpu| gpu| neural engine)?"
+                         r"|chip|with|and|unified|memory|ram))*)", chip)
     if apple:
-        return apple_chip(" ".join(p for p in apple.groups() if p).upper().replace("PRO", "Pro")
-                          .replace("MAX", "Max").replace("ULTRA", "Ultra"), memory_gb=memory)
+        gpu = re.search(r"(\d+) core gpu", apple.group(3))
+        return apple_chip(" ".join(p for p in apple.groups()[:2] if p).upper()
+                          .replace("PRO", "Pro").replace("MAX", "Max").replace("ULTRA", "Ultra"),
+                          gpu_cores=int(gpu.group(1)) if gpu else None, memory_gb=memory)
     return _best_match(norm, memory)
 
 
