@@ -156,3 +156,19 @@ def test_apple_configurations_as_apple_names_them(name: str, cores: int, mem: fl
     spec = hardware.lookup(name)
     assert spec is not None and spec.device_class == "apple"
     assert (spec.compute_units, spec.memory_gb, spec.bandwidth_gbps) == (cores, mem, bw)
+
+
+@pytest.mark.parametrize("tag,table_key", [
+    ("mixtral:8x7b", "mixtral-8x7b"), ("llama4:scout", "llama-4-scout-17b-16e"),
+    ("qwen3:30b", "qwen3-30b-a3b"), ("qwen3-coder:30b", "qwen3-30b-a3b"),
+    ("qwen3:235b", "qwen3-235b-a22b"), ("deepseek-coder-v2:16b", "deepseek-coder-v2-lite"),
+    ("deepseek-r1:14b", "qwen2.5-14b"), ("deepseek-r1:70b", "llama-3.3-70b"),
+    ("gemma3n:e4b", "gemma-3n-e4b"), ("phi4:14b", "phi-4"), ("phi3:mini", "phi-3-mini"),
+    ("qwen3:32b", "qwen3-32b"),
+])
+def test_ollama_tags_take_the_table_shape(tag: str, table_key: str) -> None:
+    """ollama's name:size tags: `deepseek-coder-v2:16b` is the 2.4B-active Lite MoE, not a
+    dense 16B; `qwen3:30b` the 30B-A3B."""
+    m, want = architectures.lookup(tag), architectures.KNOWN[table_key]
+    assert m is not None and (m.params_b, m.active_params_b, m.n_layers) == \
+        (want.params_b, want.active_params_b, want.n_layers)

@@ -175,6 +175,16 @@ _FAMILY_HINTS: list[tuple[str, str]] = [
     ("qwen3-next-80b-a3b", "qwen3-coder-next"), ("llama-4-scout", "llama-4-scout-17b-16e"),
     ("llama-4-maverick", "llama-4-maverick-17b-128e"), ("deepseek-r1:671b", "deepseek-v3"),
     ("glm-4.5-air", "glm-4.5-air"), ("glm-4.6", "glm-4.5"),
+    ("gemma-3n-e4b", "gemma-3n-e4b"), ("gemma-3n-e2b", "gemma-3n-e2b"),
+    # ollama's tags (name:size), where the size alone would miss the family or its experts
+    ("llama4:scout", "llama-4-scout-17b-16e"), ("llama4:maverick", "llama-4-maverick-17b-128e"),
+    ("qwen3-coder:30b", "qwen3-30b-a3b"), ("deepseek-coder-v2:16b", "deepseek-coder-v2-lite"),
+    ("qwen3:30b", "qwen3-30b-a3b"), ("qwen3:235b", "qwen3-235b-a22b"),
+    ("deepseek-r1:1.5b", "qwen2.5-1.5b"), ("deepseek-r1:8b", "qwen3-8b"),
+    ("deepseek-r1:14b", "qwen2.5-14b"), ("deepseek-r1:32b", "qwen2.5-32b"),
+    ("deepseek-r1:70b", "llama-3.3-70b"), ("gemma3n:e4b", "gemma-3n-e4b"),
+    ("gemma3n:e2b", "gemma-3n-e2b"), ("phi4-mini", "phi-4-mini"), ("phi4:", "phi-4"),
+    ("phi3:mini", "phi-3-mini"), ("phi3.5", "phi-3.5-mini"), ("phi3:medium", "phi-3-medium"),
 ]
 # Whole names (after clean_name) that name a table entry without its size.
 _EXACT_NAMES = {"deepseek-r1": "deepseek-v3", "deepseek-r1-0528": "deepseek-v3",
@@ -259,7 +269,7 @@ def _table_key(s: str) -> str | None:
         if frag in s:
             return key
     for key, spec in KNOWN.items():  # a mixture of experts by its whole name ("glm-4.5")
-        if spec.is_moe and key in s:
+        if spec.is_moe and key in s.replace(":", "-"):  # ollama: "mixtral:8x7b"
             return key
     total, active = parse_sizes(s)
     if total is None:
