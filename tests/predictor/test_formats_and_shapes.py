@@ -90,6 +90,9 @@ def test_catalog_does_not_guess_unknown_devices() -> None:
     ("Jetson Orin Nano Super", "Jetson Orin Nano Super 8GB", 102),
     ("AMD Ryzen AI Max+ 395 w/ Radeon 8060S", "Radeon 8060S (Ryzen AI Max+ 395)", 256),
     ("AMD Ryzen 9 7950X 16-Core Processor", "Ryzen 9 7950X", 83),
+    ("NVIDIA H100", "H100 SXM", 3350), ("RTX 2070", "GeForce RTX 2070", 448),
+    ("RTX 2070 SUPER", "GeForce RTX 2070 SUPER", 448), ("RX 6800", "Radeon RX 6800", 512),
+    ("GTX 1050", "GeForce GTX 1050", 112), ("GTX 1050 Ti", "GeForce GTX 1050 Ti", 112),
 ])
 def test_catalog_tells_variants_apart(name: str, entry: str, bw: float) -> None:
     """A variant token (Ti, SUPER, GRE, XT, laptop, SXM/PCIe) must agree, so a name is never

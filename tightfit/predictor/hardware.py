@@ -67,10 +67,13 @@ _APPLE_TF = {"m1": 0.33, "m2": 0.36, "m3": 0.36, "m4": 0.43, "m5": 0.50}
 
 CATALOG: tuple[DeviceSpec, ...] = (
     # NVIDIA / AMD / Intel discrete GPUs: dense fp16 matrix TFLOPS (tensor cores where present).
-    _g("GeForce GTX 1050 Ti", 4, 112, 2.1, 6), _g("GeForce GTX 1060", 6, 192, 4.4, 10),
-    _g("GeForce GTX 1070", 8, 256, 6.5, 15), _g("GeForce GTX 1080 Ti", 11, 484, 11.3, 28),
-    _g("GeForce GTX 1650", 4, 128, 6.0, 14), _g("GeForce GTX 1660 SUPER", 6, 336, 10, 22),
+    _g("GeForce GTX 1050", 2, 112, 1.9, 5), _g("GeForce GTX 1050 Ti", 4, 112, 2.1, 6),
+    _g("GeForce GTX 1060", 6, 192, 4.4, 10), _g("GeForce GTX 1070", 8, 256, 6.5, 15),
+    _g("GeForce GTX 1080", 8, 320, 8.9, 20), _g("GeForce GTX 1080 Ti", 11, 484, 11.3, 28),
+    _g("GeForce GTX 1650", 4, 128, 6.0, 14), _g("GeForce GTX 1660", 6, 192, 10, 22),
+    _g("GeForce GTX 1660 SUPER", 6, 336, 10, 22), _g("GeForce GTX 1660 Ti", 6, 288, 11, 24),
     _g("GeForce RTX 2060", 6, 336, 52, 30), _g("GeForce RTX 2060 SUPER", 8, 448, 57, 34),
+    _g("GeForce RTX 2070", 8, 448, 60, 36), _g("GeForce RTX 2080 SUPER", 8, 496, 89, 48),
     _g("GeForce RTX 2070 SUPER", 8, 448, 72, 40), _g("GeForce RTX 2080", 8, 448, 80, 46),
     _g("GeForce RTX 2080 Ti", 11, 616, 108, 68), _g("GeForce RTX 3050", 8, 224, 36, 20),
     _g("GeForce RTX 3060", 12, 360, 51, 28), _g("GeForce RTX 3060 Ti", 8, 448, 65, 38),
@@ -103,8 +106,11 @@ CATALOG: tuple[DeviceSpec, ...] = (
     _g("RTX A6000", 48, 768, 155, 84), _g("RTX 4000 Ada", 20, 360, 107, 48),
     _g("RTX 5880 Ada Generation", 48, 960, 277, 110), _g("RTX 6000 Ada", 48, 960, 364, 142),
     _g("RTX PRO 6000 Blackwell", 96, 1792, 500, 188),
-    _g("Radeon RX 6700 XT", 12, 384, 26, 40), _g("Radeon RX 6800 XT", 16, 512, 41, 72),
-    _g("Radeon RX 7600", 8, 288, 43, 32), _g("Radeon RX 7800 XT", 16, 624, 74, 60),
+    _g("Radeon RX 6600", 8, 224, 18, 28), _g("Radeon RX 6600 XT", 8, 256, 21, 32),
+    _g("Radeon RX 6700 XT", 12, 384, 26, 40), _g("Radeon RX 6800", 16, 512, 32, 60),
+    _g("Radeon RX 6800 XT", 16, 512, 41, 72), _g("Radeon RX 6900 XT", 16, 512, 46, 80),
+    _g("Radeon RX 7600", 8, 288, 43, 32), _g("Radeon RX 7600 XT", 16, 288, 45, 32),
+    _g("Radeon RX 7700 XT", 12, 432, 70, 54), _g("Radeon RX 7800 XT", 16, 624, 74, 60),
     _g("Radeon RX 7900 GRE", 16, 576, 92, 80), _g("Radeon RX 7900 XTX", 24, 960, 123, 96),
     _g("Radeon RX 7900 XT", 20, 800, 103, 84), _g("Radeon RX 9070", 16, 640, 145, 56),
     _g("Radeon RX 9070 XT", 16, 640, 195, 64), _g("Radeon VII", 16, 1024, 27, 60),
@@ -181,7 +187,7 @@ _VARIANTS = frozenset({"ti", "super", "xt", "xtx", "gre", "laptop", "nvl", "sxm"
                        "agx"})
 _MEMORY_TOKEN = re.compile(r"^(\d{1,4})gb$")
 # Names that tools print for a catalog entry without sharing its tokens (nvidia-smi et al.).
-_ALIASES = {"h100 80gb hbm3": "H100 SXM", "h100 sxm 80gb": "H100 SXM",
+_ALIASES = {"h100": "H100 SXM", "h100 80gb hbm3": "H100 SXM", "h100 sxm 80gb": "H100 SXM",
             "ryzen ai max 395": "Radeon 8060S (Ryzen AI Max+ 395)",
             "radeon 8060s": "Radeon 8060S (Ryzen AI Max+ 395)",
             "ryzen ai max 395 w/ radeon 8060s": "Radeon 8060S (Ryzen AI Max+ 395)",
