@@ -93,6 +93,9 @@ def test_catalog_does_not_guess_unknown_devices() -> None:
     ("NVIDIA H100", "H100 SXM", 3350), ("RTX 2070", "GeForce RTX 2070", 448),
     ("RTX 2070 SUPER", "GeForce RTX 2070 SUPER", 448), ("RX 6800", "Radeon RX 6800", 512),
     ("GTX 1050", "GeForce GTX 1050", 112), ("GTX 1050 Ti", "GeForce GTX 1050 Ti", 112),
+    ("Intel(R) Arc(TM) 140V GPU (16GB)", "Arc Graphics 130V/140V (integrated)", 136),
+    ("AMD Radeon 890M Graphics", "Radeon 890M (integrated)", 120),
+    ("Radeon 860M", "Radeon 840M / 860M Graphics", 120),
 ])
 def test_catalog_tells_variants_apart(name: str, entry: str, bw: float) -> None:
     """A variant token (Ti, SUPER, GRE, XT, laptop, SXM/PCIe) must agree, so a name is never

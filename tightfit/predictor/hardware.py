@@ -122,6 +122,7 @@ CATALOG: tuple[DeviceSpec, ...] = (
     _s("Iris Xe Graphics (integrated)", "igpu", 32, 68, 4.4, 96),
     _s("Radeon 780M (integrated)", "igpu", 32, 90, 8.6, 12),
     _s("Radeon 840M / 860M Graphics", "igpu", 32, 120, 6, 8),
+    _s("Radeon 890M (integrated)", "igpu", 32, 120, 12, 16),
     _s("Radeon 8060S (Ryzen AI Max+ 395)", "igpu", 128, 256, 30, 40),
     _s("NVIDIA GB10", "edge", 128, 273, 62, 48),
     _s("Jetson AGX Orin 64GB", "edge", 64, 204.8, 42, 16),
@@ -186,12 +187,17 @@ def normalise_name(name: str) -> str:
 _VARIANTS = frozenset({"ti", "super", "xt", "xtx", "gre", "laptop", "nvl", "sxm", "pcie", "nx",
                        "agx"})
 _MEMORY_TOKEN = re.compile(r"^(\d{1,4})gb$")
-# Names that tools print for a catalog entry without sharing its tokens (nvidia-smi et al.).
-_ALIASES = {"h100": "H100 SXM", "h100 80gb hbm3": "H100 SXM", "h100 sxm 80gb": "H100 SXM",
+# Names that tools print for a catalog entry without sharing its tokens (nvidia-smi, drivers),
+# written without memory sizes and "gpu" ("NVIDIA H100 80GB HBM3" -> "h100 hbm3").
+_ALIASES = {"h100": "H100 SXM", "h100 hbm3": "H100 SXM",
             "ryzen ai max 395": "Radeon 8060S (Ryzen AI Max+ 395)",
             "radeon 8060s": "Radeon 8060S (Ryzen AI Max+ 395)",
             "ryzen ai max 395 w/ radeon 8060s": "Radeon 8060S (Ryzen AI Max+ 395)",
-            "strix halo": "Radeon 8060S (Ryzen AI Max+ 395)"}
+            "strix halo": "Radeon 8060S (Ryzen AI Max+ 395)",
+            "arc 140v": "Arc Graphics 130V/140V (integrated)",
+            "arc 130v": "Arc Graphics 130V/140V (integrated)",
+            "radeon 860m": "Radeon 840M / 860M Graphics",
+            "radeon 840m": "Radeon 840M / 860M Graphics"}
 
 
 def _tokens(norm: str) -> list[str]:
@@ -214,7 +220,8 @@ def lookup(name: str) -> DeviceSpec | None:
     A memory size in the name ("RTX 4060 Ti 16GB", "M4 Max 128GB") sets `memory_gb`."""
     norm = normalise_name(name)
     memory = memory_in_name(name)
-    alias = _ALIASES.get(" ".join(_tokens(norm)))
+    alias = _ALIASES.get(" ".join(t for t in _tokens(norm)
+                                  if t != "gpu" and not _MEMORY_TOKEN.match(t)))
     if alias:
         return _best_match(normalise_name(alias), memory)
     chip = " ".join(t for t in _tokens(norm) if not _MEMORY_TOKEN.match(t))
