@@ -208,23 +208,31 @@ def _tokens(norm: str) -> list[str]:
     return ["laptop" if t == "mobile" else t for t in toks]
 
 
+def _is_model_number(token: str) -> bool:
+    """A token that names the part ("3070", "i9", "130v"), not a memory size ("16gb")."""
+    return any(ch.isdigit() for ch in token) and not _MEMORY_TOKEN.match(token)
+
+
+def _memory_of(tokens: list[str]) -> float | None:
+    sizes = [float(m.group(1)) for t in tokens if (m := _MEMORY_TOKEN.match(t))]
+    return sizes[-1] if sizes and 0 < sizes[-1] <= 4096 else None
+
+
 def memory_in_name(name: str) -> float | None:
     """A memory size written in a device name ("RTX 4060 Ti 16GB", "M4 Max 128 GB"), in GiB."""
-    sizes = [float(m.group(1)) for t in _tokens(normalise_name(name))
-             if (m := _MEMORY_TOKEN.match(t))]
-    return sizes[-1] if sizes and 0 < sizes[-1] <= 4096 else None
+    return _memory_of(_tokens(normalise_name(name)))
 
 
 def lookup(name: str) -> DeviceSpec | None:
     """Catalog entry for a device name, or None. Apple chips accept 'M3 Max' or 'Apple M3 Max'.
     A memory size in the name ("RTX 4060 Ti 16GB", "M4 Max 128GB") sets `memory_gb`."""
-    norm = normalise_name(name)
-    memory = memory_in_name(name)
-    alias = _ALIASES.get(" ".join(t for t in _tokens(norm)
-                                  if t != "gpu" and not _MEMORY_TOKEN.match(t)))
+    tokens = _tokens(normalise_name(name))
+    memory = _memory_of(tokens)
+    unsized = [t for t in tokens if not _MEMORY_TOKEN.match(t)]
+    alias = _ALIASES.get(" ".join(t for t in unsized if t != "gpu"))
     if alias:
-        return _best_match(normalise_name(alias), memory)
-    chip = " ".join(t for t in _tokens(norm) if not _MEMORY_TOKEN.match(t))
+        return _best_match(set(_tokens(normalise_name(alias))), memory)
+    chip = " ".join(unsized)
     # "M3 Max", or as Apple lists a configuration: "M3 Max 16-core CPU 40-core GPU 128GB"
     apple = re.fullmatch(r"(m[1-5])(?: (pro|max|ultra))?((?: (?:\d+ core(?: cpu| gpu| neural engine)?"
                          r"|chip|with|and|unified|memory|ram))*)", chip)
@@ -233,20 +241,18 @@ def lookup(name: str) -> DeviceSpec | None:
         return apple_chip(" ".join(p for p in apple.groups()[:2] if p).upper()
                           .replace("PRO", "Pro").replace("MAX", "Max").replace("ULTRA", "Ultra"),
                           gpu_cores=int(gpu.group(1)) if gpu else None, memory_gb=memory)
-    return _best_match(norm, memory)
+    return _best_match(set(tokens), memory)
 
 
-def _best_match(norm: str, memory: float | None = None) -> DeviceSpec | None:
-    want = set(_tokens(norm))
+def _best_match(want: set[str], memory: float | None = None) -> DeviceSpec | None:
     best, best_score = None, 0.0
-    for spec in CATALOG:
-        have = set(_tokens(normalise_name(spec.name)))
+    for spec, have in _CATALOG_TOKENS:
         if not have or not want:
             continue
         common = want & have
         # Every model-number token of the catalog name must be present ("3070" vs "3070 ti"),
         # and both names must agree on the variant ("ti", "super", "laptop", ...).
-        numeric = {t for t in have if any(ch.isdigit() for ch in t) and not _MEMORY_TOKEN.match(t)}
+        numeric = {t for t in have if _is_model_number(t)}
         if not numeric <= want or not common or (want & _VARIANTS) != (have & _VARIANTS):
             continue
         score = len(common) / len(have | want)
@@ -260,13 +266,14 @@ def _best_match(norm: str, memory: float | None = None) -> DeviceSpec | None:
 def closest_names(name: str, n: int = 3) -> list[str]:
     """Catalog names that share the most tokens with `name` (for an error message)."""
     want = set(_tokens(normalise_name(name)))
+    scored = [(sum(any(ch.isdigit() for ch in t) for t in want & have), len(want & have), spec.name)
+              for spec, have in _CATALOG_TOKENS]
+    ranked = sorted(scored, key=lambda t: (-t[0], -t[1]))
+    return [nm for _, common, nm in ranked[:n] if common > 0]
 
-    def score(spec: DeviceSpec) -> tuple[int, int]:
-        common = want & set(_tokens(normalise_name(spec.name)))
-        return sum(any(ch.isdigit() for ch in t) for t in common), len(common)
 
-    ranked = sorted(CATALOG, key=lambda sp: tuple(-k for k in score(sp)))
-    return [sp.name for sp in ranked[:n] if score(sp)[1] > 0]
+# Each catalog name's tokens, once (lookup compares a name with every entry).
+_CATALOG_TOKENS = tuple((spec, frozenset(_tokens(normalise_name(spec.name)))) for spec in CATALOG)
 
 
 def with_overrides(spec: DeviceSpec, **fields: object) -> DeviceSpec:
