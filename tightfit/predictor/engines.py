@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tightfit.predictor.formats import HF_HELD_QUANTISED
+
 ENGINES = ("llama.cpp", "tightfit", "hf-transformers", "tightfit-lite")
 # the lite runtime (tightfit/lite) reads these stored formats only, on the CPU
 LITE_QUANTS = ("q4_0", "q4_1", "q8_0", "f16", "f32", "fp32")
@@ -42,6 +44,12 @@ class EngineProfile:
     fits_context_first: bool = False  # shrinks its context to the request before offloading
     head_copy: bool = False  # holds the output head again in its compute format (tied or not)
     device_margin_mb: float = 0.0  # memory it leaves free on each discrete GPU when placing layers
+
+
+def keeps_quantised(prof: EngineProfile, quant: str) -> bool:
+    """An engine that dequantises GGUF files (HF Transformers) keeps bitsandbytes, GPTQ, AWQ
+    and fp8 weights quantised (formats.HF_HELD_QUANTISED)."""
+    return prof.dequantises and quant in HF_HELD_QUANTISED
 
 
 def canonical_engine(name: str) -> str | None:

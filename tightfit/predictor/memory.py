@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tightfit.predictor import formats
-from tightfit.predictor.engines import EngineProfile
+from tightfit.predictor.engines import EngineProfile, keeps_quantised
 from tightfit.predictor.scenario import Scenario
 
 MB = 2.0 ** 20
@@ -82,7 +82,7 @@ def weight_bytes(s: Scenario, prof: EngineProfile) -> float:
     """Bytes of all weights as stored (GGUF presets: embedding at >= Q6_K, tied at >= Q8_0;
     MXFP4 files: only the routed experts in MXFP4, where the model's expert count is known)."""
     total = s.model.params_b * 1e9
-    if holds_quantised_linears(s, prof):
+    if keeps_quantised(prof, s.quant):
         # bitsandbytes / GPTQ / AWQ: the decoder's linear layers at the format's bits, the
         # embedding (and an untied head) in the compute dtype
         kept = min(embedding_params(s) * (1 if s.model.ties_embeddings else 2), total)
@@ -100,17 +100,11 @@ def weight_bytes(s: Scenario, prof: EngineProfile) -> float:
     return ((total - embed) * s.bits_per_weight + embed * embed_bits) / 8
 
 
-def holds_quantised_linears(s: Scenario, prof: EngineProfile) -> bool:
-    """An engine that dequantises GGUF files (HF Transformers) keeps bitsandbytes, GPTQ, AWQ
-    and fp8 weights quantised (formats.HF_HELD_QUANTISED)."""
-    return prof.dequantises and s.quant in formats.HF_HELD_QUANTISED
-
-
 def streamed_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
     """Weight bytes a forward pass costs in time. HF's quantised layers are taken at the speed
     of float weights: no measured rows here, and public reports put bitsandbytes 4-bit at batch
     1 at or below fp16 speed (LLM.int8 well below), its kernels dequantising per call."""
-    if holds_quantised_linears(s, prof):
+    if keeps_quantised(prof, s.quant):
         return s.model.params_b * 1e9 * compute_dtype_bytes(s)
     return weight_bytes(s, prof)
 
@@ -135,7 +129,7 @@ def held_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
 def load_transient_bytes(s: Scenario, prof: EngineProfile, weights: float) -> float:
     """Memory the loader holds on top of the finished weights at its worst moment."""
     embed = embedding_params(s)  # the largest tensor
-    if holds_quantised_linears(s, prof):  # quantised as placed: one float tensor at a time
+    if keeps_quantised(prof, s.quant):  # quantised as placed: one float tensor at a time
         return embed * compute_dtype_bytes(s)
     if prof.dequantises:
         return _HF_LOAD_TRANSIENT * weights + _HF_EMBED_COPIES * embed * compute_dtype_bytes(s)

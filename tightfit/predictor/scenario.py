@@ -15,7 +15,8 @@ from typing import Any
 from tightfit.errors import TightfitError
 from tightfit.predictor import architectures, formats, hardware
 from tightfit.predictor.architectures import ModelSpec
-from tightfit.predictor.engines import ENGINES, LITE_QUANTS, canonical_engine
+from tightfit.predictor.engines import (ENGINES, LITE_QUANTS, canonical_engine,
+                                       keeps_quantised, profile)
 from tightfit.predictor.hardware import DeviceSpec
 
 LOCAL_NAMES = ("local", "this")
@@ -76,7 +77,7 @@ def parse_row(row: Any) -> Scenario:
     workload = _workload(row.get("workload", {}))
     notes = hw_notes + model_notes
     widen = hw_widen * model_widen
-    if engine == "hf-transformers" and quant in formats.HF_HELD_QUANTISED:
+    if keeps_quantised(profile(engine, device.device_class), quant):
         notes.append(f"hf-transformers holds {quant} weights quantised (bitsandbytes, GPTQ, AWQ):"
                      " linear layers as stored, embedding and head in the compute dtype; its"
                      " speed with them is not measured here and is taken as with float weights")
