@@ -52,18 +52,28 @@ def _class_devices(smp: Sample) -> dict[str, set[str]]:
     return devices
 
 
+def placed_classes(smp: Sample) -> tuple[str, ...]:
+    """Device classes with at least `features.MIN_CLASS_DEVICES` devices in the sample: the
+    ones whose level the rows pin down rather than measure on one device."""
+    return tuple(sorted(c for c, devs in _class_devices(smp).items()
+                        if c and len(devs) >= features.MIN_CLASS_DEVICES))
+
+
+def _drop_unplaced(names: list[str], placed: tuple[str, ...]) -> list[str]:
+    return [n for n in names if not n.startswith("class_") or n.removeprefix("class_") in placed]
+
+
 def supported(names: list[str], smp: Sample) -> list[str]:
     """Candidates less the device-class flags of classes with fewer than
     `features.MIN_CLASS_DEVICES` devices in the sample: such a flag measures that one device."""
-    devices = _class_devices(smp)
-    return [n for n in names if not n.startswith("class_")
-            or len(devices.get(n.removeprefix("class_"), ())) >= features.MIN_CLASS_DEVICES]
+    return _drop_unplaced(names, placed_classes(smp))
 
 
 def fit_phase(obs: Sequence[Observation], phase: str, candidates: Sequence[str] | None = None,
               screen: bool = True, band: bool = True) -> ResidualModel:
     smp = sample(obs, phase)
-    names = supported(list(candidates or features.candidate_names(phase)), smp)
+    placed = placed_classes(smp)
+    names = _drop_unplaced(list(candidates or features.candidate_names(phase)), placed)
     if screen and len(set(smp.groups)) >= 3:
         sel = screening.select(smp.rows, smp.target, smp.groups, names, phase, smp.weights,
                                always=features.DECODE_ALWAYS if phase == "decode"
@@ -78,9 +88,7 @@ def fit_phase(obs: Sequence[Observation], phase: str, candidates: Sequence[str] 
     model = models.fit(phase, smp.rows, smp.target, kept, crosses, smp.weights)
     interval = _band(smp, kept, crosses, phase) if band else model.interval
     info["n_rows"] = len(smp.rows)
-    known = tuple(sorted(c for c, devs in _class_devices(smp).items()
-                         if c and len(devs) >= features.MIN_CLASS_DEVICES))
-    return replace(model, interval=interval, info=info, known_classes=known,
+    return replace(model, interval=interval, info=info, known_classes=placed,
                    unseen_class_physics=phase in features.PHYSICS_FOR_UNSEEN_CLASS)
 
 
