@@ -268,8 +268,9 @@ def _table_key(s: str) -> str | None:
     for frag, key in _FAMILY_HINTS:
         if frag in s:
             return key
+    dashed = s.replace(":", "-")  # ollama: "mixtral:8x7b"
     for key, spec in KNOWN.items():  # a mixture of experts by its whole name ("glm-4.5")
-        if spec.is_moe and key in s.replace(":", "-"):  # ollama: "mixtral:8x7b"
+        if spec.is_moe and key in dashed:
             return key
     total, active = parse_sizes(s)
     if total is None:
