@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tightfit.predictor import datasets
+from tightfit.predictor.hardware import COPY_OF_PEAK
 
 
 def _write(tmp_path, rows):
@@ -40,7 +41,9 @@ def test_single_stream_runs_become_observations(tmp_path, make_row):
     sa = by[("a", "decode_tok_s")].scenario
     assert (sa.engine, sa.quant, sa.device.kind, sa.device.cpu_cores) == ("tightfit", "f32",
                                                                           "cpu", 2)
-    assert sa.device.bandwidth_gbps == 20.0 and sa.model.n_layers == 30
+    # the fingerprint's copy rate, kept, and read as its rated equivalent
+    assert sa.device.copy_bandwidth_gbps == 20.0 and sa.model.n_layers == 30
+    assert sa.device.bandwidth_gbps == pytest.approx(20.0 / COPY_OF_PEAK, abs=0.01)
     assert (sa.workload.prompt_tokens, sa.workload.gen_tokens, sa.workload.batch) == (512, 32, 1)
     assert by[("b", "decode_tok_s")].scenario.engine == "hf-transformers"
     assert ("b", "prefill_tok_s") not in by  # a 16-token prompt's rate is mostly overhead

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from tightfit.cli.main import main
+from tightfit.predictor.hardware import COPY_OF_PEAK
 
 
 def _write(tmp_path, rows):
@@ -56,12 +57,37 @@ def test_calibrate_then_predict_local(tmp_path, row, capsys) -> None:
     data = json.loads(prof.read_text())
     assert data["engine_runs"] == []
     assert data["device"]["bandwidth_gbps"] > 0.1 and data["device"]["kind"] == "cpu"
+    # the copy rate is kept; the bandwidth the predictor uses is its rated equivalent
+    assert data["device"]["bandwidth_gbps"] == pytest.approx(
+        data["device"]["copy_bandwidth_gbps"] / COPY_OF_PEAK, abs=0.01)
+    assert "GB/s copy (rated equivalent" in capsys.readouterr().out
     row["hardware"] = {"name": "local"}
     row["model"] = {"name": "SmolLM2-135M"}
     row["quant"] = "Q4_1"
     assert main(["predict", "-i", _write(tmp_path, [row])]) == 0
     (out,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()[-1:]]
     assert out["fits"] is True and out["decode_tok_s"] > 0
+
+
+def test_a_profile_from_before_the_copy_rate_was_kept_reads_its_bandwidth_as_a_copy(
+        tmp_path, monkeypatch) -> None:
+    """Profiles written before `copy_bandwidth_gbps` existed hold the copy rate as their
+    bandwidth; reading them converts it, as a fresh calibration would."""
+    from tightfit.predictor.scenario import _local_profile
+
+    prof = tmp_path / "old.json"
+    prof.write_text(json.dumps({
+        "device": {"name": "local x86_64 2-core", "kind": "cpu", "memory_gb": 23.5,
+                   "bandwidth_gbps": 21.0, "fp16_tflops": 0.2, "compute_units": 2,
+                   "simd_width": 8, "unified": True, "host_bandwidth_gbps": 21.0,
+                   "host_memory_gb": None, "link_gbps": 21.0, "device_count": 1,
+                   "cpu_cores": 2, "dies": 1},
+        "method": {"bandwidth": "numpy copyto, read+write bytes"}, "engine_runs": []}))
+    monkeypatch.setenv("TIGHTFIT_DEVICE_PROFILE", str(prof))
+    spec = _local_profile()
+    assert spec.copy_bandwidth_gbps == 21.0
+    assert spec.bandwidth_gbps == pytest.approx(21.0 / COPY_OF_PEAK, abs=0.01)
+    assert spec.fp16_tflops == pytest.approx(0.2) and spec.cpu_cores == 2
 
 
 def test_calibration_engine_run_corrects_local_tightfit_predictions(tmp_path, row, capsys):

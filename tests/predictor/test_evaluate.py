@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tightfit.predictor import datasets, evaluate
+from tightfit.predictor.hardware import COPY_OF_PEAK
 
 
 def test_scores_exact() -> None:
@@ -41,7 +42,8 @@ def test_held_out_device_beats_naive_and_analytic_on_apple() -> None:
 
 def test_an_own_run_is_described_by_its_probe_where_it_has_one() -> None:
     """Schema-4 rows: compute is the GEMM probed around the run on its own threads; older rows
-    get their share of the cached all-core rate. Bandwidth is the cached figure either way."""
+    get their share of the cached all-core rate. Bandwidth is the cached copy rate either way,
+    read as its rated equivalent."""
     from types import SimpleNamespace
 
     hw = dict(threads_used=1, cpu_cores_physical=2, cpu_threads_logical=2, matmul_gflops=200.0,
@@ -50,5 +52,7 @@ def test_an_own_run_is_described_by_its_probe_where_it_has_one() -> None:
     probed = datasets.own_device(SimpleNamespace(**hw, probe_matmul_gflops=140.0))
     cached = datasets.own_device(SimpleNamespace(**hw, probe_matmul_gflops=None))
     assert probed.fp16_tflops == pytest.approx(0.140) and cached.fp16_tflops == pytest.approx(0.1)
-    assert probed.bandwidth_gbps == cached.bandwidth_gbps == 25.0
+    assert probed.copy_bandwidth_gbps == cached.copy_bandwidth_gbps == 25.0
+    assert probed.bandwidth_gbps == cached.bandwidth_gbps == pytest.approx(25.0 / COPY_OF_PEAK,
+                                                                           abs=0.01)
     assert probed.name == cached.name  # one device key: the held-out split is unchanged

@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(payload, indent=1))
     else:
-        print(f"{spec.name}: {spec.bandwidth_gbps} GB/s copy, {spec.fp16_tflops * 1000:.0f} "
+        print(f"{spec.name}: {spec.copy_bandwidth_gbps} GB/s copy (rated equivalent "
+              f"{spec.bandwidth_gbps}), {spec.fp16_tflops * 1000:.0f} "
               f"GFLOP/s fp32 matmul, {spec.memory_gb} GiB RAM -> {path}")
         for r in runs:
             print(f"engine run: {r['engine']} {r['model']} {r['quant']}, {r['threads']} threads: "

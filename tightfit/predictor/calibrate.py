@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from tightfit.predictor.hardware import DeviceSpec
+from tightfit.predictor.hardware import DeviceSpec, measured_cpu
 
 
 def _best_of(fn: object, repeats: int, min_time_s: float = 0.25) -> float:
@@ -57,13 +57,13 @@ def total_memory_gb() -> float:
 
 
 def measure(mb: int = 256, n: int = 1024) -> DeviceSpec:
-    """A DeviceSpec for this machine's CPU from quick measurements (a few seconds)."""
+    """A DeviceSpec for this machine's CPU from quick measurements (a few seconds); its
+    bandwidth is the rated equivalent of the copy rate (hardware.COPY_OF_PEAK)."""
     cores = os.cpu_count() or 1
     bw = copy_bandwidth_gbps(mb)
     tf = matmul_tflops(n)
     name = f"local {platform.machine()} {cores}-core"
-    return DeviceSpec(name, "cpu", round(total_memory_gb(), 2), round(bw, 2), round(tf, 4), cores,
-                      8, True, round(bw, 2), None, round(bw, 2), 1, cores)
+    return measured_cpu(name, round(total_memory_gb(), 2), round(bw, 2), round(tf * 1000.0, 1), cores)
 
 
 def save_profile(spec: DeviceSpec, path: Path,

@@ -232,18 +232,18 @@ def own_device(hw: Any) -> DeviceSpec:
     """This machine as the bench measured it, the threads the run used as its cores. Compute:
     rows from schema 4 on carry a GEMM probe taken around the run on its own threads, used as
     it is; older rows have the cached fingerprint only, whose matmul rate is for all logical
-    CPUs, so a run on fewer threads gets its share. Bandwidth: the cached fingerprint's, whole
-    (one core streams most of what two do). The rows' copy probe (three single-threaded copies)
+    CPUs, so a run on fewer threads gets its share. Bandwidth: the cached fingerprint's copy
+    rate, whole (one core streams most of what two do), read as its rated equivalent
+    (hardware.measured_cpu). The rows' copy probe (three single-threaded copies)
     scatters 20-28 GB/s within minutes; held out by thread count, describing decode by it
     made own-data decode worse (10.9% vs 9.1% MAPE), so it is recorded, not used."""
     cores = hw.threads_used or hw.cpu_cores_physical or 1
     every = hw.cpu_threads_logical or cores
     gflops = hw.probe_matmul_gflops or (
         hw.matmul_gflops * min(1.0, cores / every) if hw.matmul_gflops else 50.0 * cores)
-    bw = hw.memory_bandwidth_gbps or 20.0
-    return DeviceSpec(f"{hw.cpu_model} x{cores} ({hw.machine_id})", "cpu",
-                      hw.memory_total_gib or 16.0, bw, gflops / 1000.0, cores, 8, True, bw,
-                      None, bw, 1, cores)
+    return hardware.measured_cpu(f"{hw.cpu_model} x{cores} ({hw.machine_id})",
+                                 hw.memory_total_gib or 16.0, hw.memory_bandwidth_gbps or 20.0,
+                                 gflops, cores)
 
 
 def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:

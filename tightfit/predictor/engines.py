@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tightfit.predictor.formats import HF_HELD_QUANTISED
+from tightfit.predictor.hardware import COPY_OF_PEAK
 
 ENGINES = ("llama.cpp", "tightfit", "hf-transformers", "tightfit-lite")
 # the lite runtime (tightfit/lite) reads these stored formats only, on the CPU
@@ -23,7 +24,7 @@ _ALIASES = {"llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "llama_cpp": "lla
 class EngineProfile:
     """Priors for one engine on one device class. Times in seconds, sizes in MB."""
 
-    bw_eff: float            # fraction of peak bandwidth reached streaming weights in decode
+    bw_eff: float            # fraction of rated bandwidth reached streaming weights in decode
     comp_eff: float          # fraction of peak matrix rate reached in prefill
     decode_comp_eff: float   # fraction of peak matrix rate reached in decode (dequantising GEMV)
     step_overhead_s: float   # fixed cost of one decode step (launches, sampling, sync)
@@ -71,6 +72,13 @@ def profile(engine: str, device_class: str, quant: str | None = None) -> EngineP
         # decode 115-120 vs 144-154 (1.26-1.29x).
         return replace(base, comp_eff=base.comp_eff * 2.5,
                        decode_comp_eff=base.decode_comp_eff * 1.3)
+    if engine == "tightfit" and device_class == "cpu" and quant in ("f32", "fp32"):
+        # its fp32 weights go through torch's matrix-vector product, not the packed kernels:
+        # the bench rows of 2026-12-05 stream 10.6-11.8 GB/s on both models at one thread and
+        # at two alike, 0.7-0.8x what its int8 kernel streams (14-18 GB/s) on the same machine.
+        # Without it the residual bent its bits-per-weight terms for these rows, which then
+        # put llama.cpp's F16 rows too slow as well (docs/predictor.md).
+        return replace(base, bw_eff=base.bw_eff * 0.7)
     if engine == "tightfit-lite" and quant in _LITE_PROMPT_RATE:
         return replace(base, comp_eff=base.comp_eff * _LITE_PROMPT_RATE[quant])
     return base
@@ -121,7 +129,8 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
         # Decode from a component measurement of its matrix kernel alone (tf_linear, one 8192 x
         # 8192 matrix, 2026-12-04): one token runs ~34 GFLOP/s a thread on Q4_0/Q4_1/Q8_0 (a
         # third of this machine's one-thread GEMM probe: decode_comp_eff 0.33), and two threads
-        # stream 20 GB/s of Q4 and 25 GB/s of Q8_0 against the 25.6 GB/s copy rate (bw_eff 0.8).
+        # stream 20 GB/s of Q4 and 25 GB/s of Q8_0 against the 25.6 GB/s copy rate (0.8 of the
+        # copy, bw_eff 0.8 x COPY_OF_PEAK of the rated bandwidth).
         # The learned residual has an engine feature of its own (features.engine_lite).
         # Memory from a component measurement (2026-12-04, default model, 49,152 entries): a
         # process that has imported tightfit.lite and loaded its library holds 40 MiB, 73 MiB
@@ -130,12 +139,13 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
         # attn_rel: its decode step timed alone at 16 and 1,536 positions after the K prefetch
         # (LiteModel.forward, best of 30, 2026-12-04 19:30): attention ran 23-25 GFLOP/s at one
         # thread and 38-48 at two against the weights' 36 / 60-67 (0.65-0.7).
-        return EngineProfile(0.8, 0.5, 0.33, 4e-4, 2e-5, 0.01, 58, 0, False, "layer_split",
-                             tokenizer_bytes_per_token=315, attn_rel=0.65, **_GGML_STYLE)
+        return EngineProfile(0.8 * COPY_OF_PEAK, 0.5, 0.33, 4e-4, 2e-5, 0.01, 58, 0, False,
+                             "layer_split", tokenizer_bytes_per_token=315, attn_rel=0.65, **_GGML_STYLE)
     if engine == "hf-transformers":
         if cpu:  # memory: `import torch, transformers` 239 MiB + ~160 MiB kept after loading
-            return EngineProfile(0.35, 0.4, 0.4, 4e-3, 6e-4, 0.05, 400, 0, True, "stream",
-                                 tokenizer_bytes_per_token=300)
+            # decode: its fp32 weights stream at ~0.35 of this machine's copy rate
+            return EngineProfile(0.35 * COPY_OF_PEAK, 0.4, 0.4, 4e-3, 6e-4, 0.05, 400, 0, True,
+                                 "stream", tokenizer_bytes_per_token=300)
         return EngineProfile(0.6, 0.5, 0.4, 4e-3, 4e-4, 0.05, 600, 500, True, "stream")
     # tightfit: torch-based engine with packed quantised weights. Memory from component
     # measurements on this machine (docs/predictor.md): RSS after load minus the model's
@@ -143,14 +153,14 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
     # 242 MiB + 315 B per vocab entry (`import torch` + tightfit alone is 221 MiB); the
     # loader's worst moment is ~40 MiB + a quarter of the stored embedding above the result.
     # Decode on CPU since the fused kernels (2026-12-04, docs/performance.md): the packed int4 /
-    # int8 kernels stream 15-24 GB/s of a 24.8 GB/s copy rate (bw_eff 0.6; fp32's GEMV reaches
-    # less, which the residual learns from bits/weight), and what a step spends outside them is
-    # ~1.4 ms (interpreter ~0.8 ms, ~120 kernel calls at ~5 us): 0.5 ms + 30 us a layer. The
+    # int8 kernels stream 15-24 GB/s of a 24.8 GB/s copy rate (0.6 of the copy: bw_eff 0.6 x
+    # COPY_OF_PEAK of the rated bandwidth; fp32's GEMV reaches less, see `profile`), and what a
+    # step spends outside them is ~1.4 ms (interpreter ~0.8 ms, ~120 kernel calls at ~5 us): 0.5 ms + 30 us a layer. The
     # eager engine's 2 ms + 0.2 ms a layer made the base think decode was overhead-bound, so
     # it barely changed with threads where the measured rate moved 1.3-1.8x.
     if cpu:
-        return EngineProfile(0.6, 0.4, 0.3, 5e-4, 3e-5, 0.03, 242, 0, False, "stream",
-                             tokenizer_bytes_per_token=315, load_transient_mb=40,
+        return EngineProfile(0.6 * COPY_OF_PEAK, 0.4, 0.3, 5e-4, 3e-5, 0.03, 242, 0, False,
+                             "stream", tokenizer_bytes_per_token=315, load_transient_mb=40,
                              load_transient_share=0.25, **_TIGHTFIT)
     return EngineProfile(0.6, 0.45, 0.4, 2e-3, 2e-4, 0.03, 450, 400, False, "stream",
                          **_TIGHTFIT)

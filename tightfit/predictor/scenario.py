@@ -165,10 +165,17 @@ def _local_profile() -> DeviceSpec:
         raise RowError("hardware.name", f"no device profile at {path}; run `tightfit calibrate`")
     try:
         data = json.loads(path.read_text())
-        return DeviceSpec(**data["device"])
+        spec = DeviceSpec(**data["device"])
     except (ValueError, KeyError, TypeError) as exc:
         raise RowError("hardware.name",
                        f"device profile {path} is unreadable ({exc}); rerun `tightfit calibrate`")
+    method = data.get("method")
+    if spec.copy_bandwidth_gbps is None and isinstance(method, dict) and str(
+            method.get("bandwidth", "")).startswith("numpy copyto"):
+        # a profile written before the copy rate was kept apart: its bandwidth is the copy
+        return hardware.measured_cpu(spec.name, spec.memory_gb, spec.bandwidth_gbps,
+                                     spec.fp16_tflops * 1000.0, spec.compute_units)
+    return spec
 
 
 _MODEL_INT_FIELDS = {"n_layers": 4096, "hidden_size": 1_000_000, "intermediate_size": 10_000_000,
