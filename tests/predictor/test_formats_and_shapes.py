@@ -74,6 +74,19 @@ def test_catalog_lookup(name: str, bw: float) -> None:
     assert spec is not None and spec.bandwidth_gbps == bw
 
 
+def test_a_measured_cpu_is_described_by_the_rated_equivalent_of_its_copy_rate() -> None:
+    """Catalog devices are rated figures; a measured one keeps its copy rate and is given
+    copy / COPY_OF_PEAK. A bandwidth given by hand over it is rated, and drops the copy."""
+    vm = hardware.lookup("Generic 2-core cloud VM (AVX2)")
+    assert vm is not None and vm.copy_bandwidth_gbps == 22
+    assert vm.bandwidth_gbps == pytest.approx(22 / hardware.COPY_OF_PEAK, abs=0.01)
+    assert vm.host_bandwidth_gbps == vm.bandwidth_gbps and vm.fp16_tflops == pytest.approx(0.116)
+    assert hardware.lookup("Ryzen 9 7950X").copy_bandwidth_gbps is None  # type: ignore[union-attr]
+    given = hardware.with_overrides(vm, bandwidth_gbps=40.0)
+    assert given.bandwidth_gbps == 40.0 and given.copy_bandwidth_gbps is None
+    assert hardware.with_overrides(vm, memory_gb=8.0).copy_bandwidth_gbps == 22
+
+
 def test_catalog_does_not_guess_unknown_devices() -> None:
     assert hardware.lookup("Quantum Potato 9000") is None
     assert hardware.lookup("RTX 9999") is None
