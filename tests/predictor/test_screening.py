@@ -262,3 +262,35 @@ def test_a_die_count_outside_the_plausible_range_names_the_field(row) -> None:
     row["hardware"]["dies"] = -2
     with pytest.raises(RowError, match="hardware.dies"):
         parse_row(row)
+
+
+def test_an_engine_without_training_rows_gets_the_analytic_base_alone(tmp_path) -> None:
+    """Fitted on llama.cpp and tightfit rows only, a lite-runtime row gets no residual (its
+    flag untrained, the intercept another engine's level); seen engines keep theirs; the rule
+    survives the JSON round trip. The packaged model applies it in decode (all four engines
+    known), not in prefill."""
+    from dataclasses import replace
+
+    from tightfit.predictor import artefact, features
+    from tightfit.predictor.engines import ENGINES
+
+    assert set(models._ENGINE_FLAGS) == set(features.ENGINE_FEATURES)
+    rows, y = [], []
+    for engine, level in (("llama.cpp", -0.3), ("tightfit", 0.2)):
+        for i in range(20):
+            rows.append({"bw": 0.05 * i, "engine_hf": 0.0, "engine_lite": 0.0,
+                         "engine_tightfit": float(engine == "tightfit")})
+            y.append(level)
+    plain = models.fit("decode", rows, y, ["bw", "engine_tightfit", "engine_lite"])
+    m = replace(plain, known_engines=("llama.cpp", "tightfit"))
+    lite = {**rows[0], "engine_lite": 1.0}
+    assert models.engine_of(lite) == "tightfit-lite" and models.engine_of(rows[0]) == "llama.cpp"
+    assert plain.predict_log(lite) < -0.2  # without the rule: llama.cpp's level
+    assert m.predict_log(lite) == 0.0
+    assert abs(m.predict_log(rows[0]) + 0.3) < 0.1 and abs(m.predict_log(rows[20]) - 0.2) < 0.1
+    pm = models.PredictorModel(m, m, "h")
+    pm.save(tmp_path / "m.json")
+    assert models.PredictorModel.load(tmp_path / "m.json").decode.predict_log(lite) == 0.0
+    shipped = artefact.load()
+    assert set(shipped.decode.known_engines) == set(ENGINES) and not shipped.prefill.known_engines
+    assert features.PHYSICS_FOR_UNSEEN_ENGINE == ("decode",)

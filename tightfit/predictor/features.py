@@ -44,6 +44,13 @@ RATE_PHASES = ("prefill",)
 # -device decode from 15.9% to 17.1% (llmfit 19.6% -> 21.3%, Apple 7.7% -> 9.4%), i.e. its
 # residual does carry over to a class it has not seen (an Intel iGPU, GB10).
 PHYSICS_FOR_UNSEEN_CLASS = ("prefill",)
+# Phases whose residual is not applied to an engine it saw no row of (models.ResidualModel.
+# known_engines). Held out by model, the lite runtime's rows (all of the default model) had
+# llama.cpp's CPU level in decode, 42.1% MAPE, 15.1% with the base alone (own decode 17.8% ->
+# 13.8%); in prefill the same rule went 19.5% -> 29.1% (TTFT 20.9% -> 48.3%): its prompt
+# kernels are llama.cpp's, whose residual is the better guess there (`tightfit predictor
+# evaluate`, 2026-12-05 07:52 UTC, docs/predictor.md).
+PHYSICS_FOR_UNSEEN_ENGINE = ("decode",)
 # A device-class flag is a candidate only when the training rows hold this many devices of the
 # class: fitted on one device it is that device's level, and carries it to every other device
 # of the class. Held out by device, the GB10 (the only other integrated-GPU SoC: an Intel Arc

@@ -44,8 +44,17 @@ class ResidualModel:
     # any other class gets its class flags at their training mean (z = 0), the average level,
     # instead of the level of whatever few rows shared its all-zero flags. Empty: no rule.
     known_classes: tuple[str, ...] = ()
+    # Engines with training rows. A scenario of any other engine gets no residual (the analytic
+    # base alone): the intercept is the level of the engines it was fitted on, and without a row
+    # the engine's own flag is untrained. Arises when a split holds out every row of an engine
+    # (held out by model, the lite runtime's rows are all of the default model: with llama.cpp's
+    # CPU level instead of its own, they read 42% decode MAPE). Set for the phases in
+    # features.PHYSICS_FOR_UNSEEN_ENGINE; empty: no rule.
+    known_engines: tuple[str, ...] = ()
 
     def predict_log(self, feats: dict[str, float]) -> float:
+        if self.known_engines and engine_of(feats) not in self.known_engines:
+            return 0.0
         cls = device_class_of(feats)
         if self.unseen_class_physics and self.class_z and cls not in self.class_z:
             return 0.0
@@ -76,6 +85,7 @@ class ResidualModel:
                      for k, v in dict(d.get("class_z", {})).items()},  # type: ignore[call-overload]
             unseen_class_physics=bool(d.get("unseen_class_physics", False)),
             known_classes=tuple(d.get("known_classes", ())),  # type: ignore[arg-type]
+            known_engines=tuple(d.get("known_engines", ())),  # type: ignore[arg-type]
         )
 
 
@@ -85,6 +95,19 @@ def device_class_of(feats: dict[str, float]) -> str:
         if name.startswith("class_") and value == 1.0:
             return name[len("class_"):]
     return ""
+
+
+# feature flag -> engine; a row with none of them set is llama.cpp's (the reference engine)
+_ENGINE_FLAGS = {"engine_hf": "hf-transformers", "engine_tightfit": "tightfit",
+                 "engine_lite": "tightfit-lite"}
+
+
+def engine_of(feats: dict[str, float]) -> str:
+    """The engine a feature dict encodes (its engine_* flag; none set: llama.cpp)."""
+    for name, engine in _ENGINE_FLAGS.items():
+        if feats.get(name) == 1.0:
+            return engine
+    return "llama.cpp"
 
 
 def design_matrix(rows: Sequence[dict[str, float]], base: Sequence[str],

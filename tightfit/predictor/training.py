@@ -89,6 +89,8 @@ def fit_phase(obs: Sequence[Observation], phase: str, candidates: Sequence[str] 
     interval = _band(smp, kept, crosses, phase) if band else model.interval
     info["n_rows"] = len(smp.rows)
     return replace(model, interval=interval, info=info, known_classes=placed,
+                   known_engines=tuple(sorted({models.engine_of(r) for r in smp.rows}))
+                   if phase in features.PHYSICS_FOR_UNSEEN_ENGINE else (),
                    unseen_class_physics=phase in features.PHYSICS_FOR_UNSEEN_CLASS)
 
 
