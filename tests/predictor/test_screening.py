@@ -271,10 +271,14 @@ def test_an_engine_without_training_rows_gets_the_analytic_base_alone(tmp_path) 
     known), not in prefill."""
     from dataclasses import replace
 
-    from tightfit.predictor import artefact, features
+    from tightfit.predictor import artefact, features, roofline
     from tightfit.predictor.engines import ENGINES
+    from tightfit.predictor.scenario import parse_row
 
-    assert set(models._ENGINE_FLAGS) == set(features.ENGINE_FEATURES)
+    for engine in ENGINES:  # every engine's features name it back
+        sc = parse_row({"id": "x", "hardware": {"name": "Ryzen 9 7950X"},
+                        "model": "SmolLM2-135M", "quant": "Q4_1", "engine": engine})
+        assert models.engine_of(features.features(sc, roofline.analyse(sc), "decode")) == engine
     rows, y = [], []
     for engine, level in (("llama.cpp", -0.3), ("tightfit", 0.2)):
         for i in range(20):

@@ -11,7 +11,10 @@ from tightfit.predictor.hardware import CLASSES
 from tightfit.predictor.roofline import Breakdown, Phase
 from tightfit.predictor.scenario import Scenario
 
-ENGINE_FEATURES = ("engine_hf", "engine_tightfit", "engine_lite")
+# The residual's engine flags and the engine each stands for; llama.cpp, the reference, has none.
+ENGINE_FLAGS = {"engine_hf": "hf-transformers", "engine_tightfit": "tightfit",
+                "engine_lite": "tightfit-lite"}
+ENGINE_FEATURES = tuple(ENGINE_FLAGS)
 # Kept in decode whatever screening says: a chip of several dies on one memory system (Apple's
 # Ultras) reaches a smaller share of its bandwidth, more so the fewer bits a weight has (the
 # llama.cpp table: M1/M2/M3 Ultra decode ~0.96x the base at F16, ~0.83x at Q8_0, ~0.68x at
@@ -96,9 +99,7 @@ def features(s: Scenario, b: Breakdown, phase: str) -> dict[str, float]:
         "moe_active_ratio": m.active_params_b / m.params_b,
         "multi_die": 1.0 if d.dies > 1 else 0.0,
         "k_quant": 1.0 if "_k" in s.quant else 0.0,
-        "engine_hf": 1.0 if s.engine == "hf-transformers" else 0.0,
-        "engine_tightfit": 1.0 if s.engine == "tightfit" else 0.0,
-        "engine_lite": 1.0 if s.engine == "tightfit-lite" else 0.0,
+        **{flag: 1.0 if s.engine == engine else 0.0 for flag, engine in ENGINE_FLAGS.items()},
     }
     f.update({f"class_{c}": 1.0 if d.device_class == c else 0.0 for c in CLASSES})
     f.update(_shares(b.decode if phase == "decode" else b.prefill))

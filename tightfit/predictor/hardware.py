@@ -68,18 +68,17 @@ def _a(name: str, mem: float, bw: float, cores: int, per_core_tf: float) -> Devi
 COPY_OF_PEAK = 0.7
 
 
+def _c(name: str, mem: float, bw: float, cores: int, gflops_core: float, simd: int = 8) -> DeviceSpec:
+    return DeviceSpec(name, "cpu", mem, bw, cores * gflops_core / 1000.0, cores, simd, True, bw,
+                      None, bw, 1, cores)
+
+
 def measured_cpu(name: str, memory_gb: float, copy_gbps: float, gflops: float,
                  cores: int) -> DeviceSpec:
     """A CPU described by measurements: `copy_gbps` the copy rate (read + write), `gflops` the
     matrix rate of the cores it may use. Its bandwidth is the rated equivalent of the copy."""
-    rated = round(copy_gbps / COPY_OF_PEAK, 2)
-    return DeviceSpec(name, "cpu", memory_gb, rated, gflops / 1000.0, cores, 8, True, rated, None,
-                      rated, 1, cores, copy_bandwidth_gbps=copy_gbps)
-
-
-def _c(name: str, mem: float, bw: float, cores: int, gflops_core: float, simd: int = 8) -> DeviceSpec:
-    return DeviceSpec(name, "cpu", mem, bw, cores * gflops_core / 1000.0, cores, simd, True, bw,
-                      None, bw, 1, cores)
+    spec = _c(name, memory_gb, round(copy_gbps / COPY_OF_PEAK, 2), cores, gflops / cores)
+    return replace(spec, fp16_tflops=gflops / 1000.0, copy_bandwidth_gbps=copy_gbps)
 
 
 def _s(name: str, kind: str, mem: float, bw: float, tf: float, cu: int) -> DeviceSpec:

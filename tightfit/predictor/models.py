@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from tightfit.predictor.features import ENGINE_FLAGS
+
 ALPHAS = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
 
 
@@ -97,14 +99,9 @@ def device_class_of(feats: dict[str, float]) -> str:
     return ""
 
 
-# feature flag -> engine; a row with none of them set is llama.cpp's (the reference engine)
-_ENGINE_FLAGS = {"engine_hf": "hf-transformers", "engine_tightfit": "tightfit",
-                 "engine_lite": "tightfit-lite"}
-
-
 def engine_of(feats: dict[str, float]) -> str:
     """The engine a feature dict encodes (its engine_* flag; none set: llama.cpp)."""
-    for name, engine in _ENGINE_FLAGS.items():
+    for name, engine in ENGINE_FLAGS.items():
         if feats.get(name) == 1.0:
             return engine
     return "llama.cpp"
