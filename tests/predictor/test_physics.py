@@ -176,3 +176,30 @@ def test_llama_cpp_leaves_a_gib_free_on_each_gpu(row) -> None:
     row["hardware"]["memory_gb"] = 40
     hf = _analyse(row).memory
     assert hf.capacity_bytes == pytest.approx(40 * memory.GB)
+
+
+def test_llama_cpp_streams_an_moe_s_active_weights_at_its_moe_share(row) -> None:
+    # an MoE's active weights take 1 / moe_bw_rel longer per byte than a dense model's; the
+    # bytes it reports per step (and the KV part of its memory time) are unchanged
+    row["hardware"]["memory_gb"] = 48
+    row["model"] = {"name": "some-moe-30b-a3b", "params_b": 30.0, "active_params_b": 3.0}
+
+    def split(r):
+        s = parse_row(r)
+        prof = engines.profile(s.engine, s.device.device_class, s.quant)
+        b = roofline.analyse(s)
+        weights = memory.active_weight_bytes(s, prof)
+        per_byte = 1 / (s.device.bandwidth_gbps * 1e9 * prof.bw_eff)
+        return b, weights, b.bytes_per_step - weights, per_byte, prof
+
+    b, weights, kv, per_byte, prof = split(row)
+    assert 0 < prof.moe_bw_rel < 1 and weights > 0 and kv > 0
+    assert b.decode.mem_s == pytest.approx((weights / prof.moe_bw_rel + kv) * per_byte)
+    row["model"] = {"name": "some-dense-3b", "params_b": 3.0}
+    b, weights, kv, per_byte, _ = split(row)
+    assert b.decode.mem_s == pytest.approx((weights + kv) * per_byte)
+    row["engine"] = "hf-transformers"  # no MoE prior of its own
+    row["hardware"]["memory_gb"] = 128  # its float weights on the card whole
+    row["model"] = {"name": "some-moe-30b-a3b", "params_b": 30.0, "active_params_b": 3.0}
+    b, weights, kv, per_byte, prof = split(row)
+    assert prof.moe_bw_rel == 1 and b.decode.mem_s == pytest.approx((weights + kv) * per_byte)

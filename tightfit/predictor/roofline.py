@@ -62,15 +62,18 @@ def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple
     m, w, d = s.model, s.workload, s.device
     ctx = w.prompt_tokens + w.gen_tokens / 2
     kv_read = memory.kv_bytes_per_token(s, prof) * ctx * w.batch
-    step_bytes = memory.active_weight_bytes(s, prof) + kv_read
+    weights = memory.active_weight_bytes(s, prof)
+    step_bytes = weights + kv_read
+    # the bytes as the engine's time sees them: an MoE's experts stream at moe_bw_rel
+    timed_bytes = weights / (prof.moe_bw_rel if m.is_moe else 1.0) + kv_read
     attn_flops = w.batch * 4.0 * m.n_layers * ctx * m.n_heads * m.head_dim
     flops = w.batch * 2e9 * m.active_params_b + attn_flops
     f = mem.device_fraction
-    mem_s = f * step_bytes / (d.bandwidth_gbps * 1e9 * prof.bw_eff)
+    mem_s = f * timed_bytes / (d.bandwidth_gbps * 1e9 * prof.bw_eff)
     # attention's FLOPs run at the engine's attn_rel of its matrix rate (the lite runtime: 0.65)
     comp_s = f * (flops + attn_flops * (1 / prof.attn_rel - 1)) / (
         d.fp16_tflops * 1e12 * prof.decode_comp_eff)
-    off = _offload_decode(s, prof, step_bytes, mem)
+    off = _offload_decode(s, prof, timed_bytes, mem)  # the CPU's layers are MoE layers too
     ovh = prof.step_overhead_s + prof.layer_overhead_s * m.n_layers + _HOP_S * (d.device_count - 1)
     return Phase(mem_s, comp_s, ovh, off), step_bytes, flops
 
