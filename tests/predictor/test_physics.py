@@ -203,3 +203,29 @@ def test_llama_cpp_streams_an_moe_s_active_weights_at_its_moe_share(row) -> None
     row["model"] = {"name": "some-moe-30b-a3b", "params_b": 30.0, "active_params_b": 3.0}
     b, weights, kv, per_byte, prof = split(row)
     assert prof.moe_bw_rel == 1 and b.decode.mem_s == pytest.approx((weights + kv) * per_byte)
+
+
+def test_ggml_f16_decode_on_a_cpu_computes_slower_so_a_second_thread_helps_more() -> None:
+    """F16 weights widened to f32 run at ~0.65 of the block formats' one-token rate (tf_linear
+    with the matrix in cache); llama.cpp's F16 rows gained 1.27x from a second thread and the
+    lite runtime's 1.44x, where a memory-bound base said 1.09-1.10x."""
+    def gain(engine: str, quant: str) -> float:
+        def rate(threads: int) -> float:
+            s = parse_row({"id": "x", "hardware": {"name": "cpu", "kind": "cpu", "memory_gb": 23.5,
+                                                   "memory_bandwidth_gbps": 38.0,
+                                                   "fp16_tflops": 0.1 * threads,
+                                                   "cpu_cores": threads},
+                           "model": "SmolLM2-135M", "quant": quant, "engine": engine,
+                           "workload": {"prompt_tokens": 16, "gen_tokens": 128}})
+            return 1 / roofline.analyse(s).decode.total
+        return rate(2) / rate(1)
+
+    for engine in ("llama.cpp", "lite"):
+        f16 = engines.profile(engines.canonical_engine(engine), "cpu", "f16")
+        q8 = engines.profile(engines.canonical_engine(engine), "cpu", "q8_0")
+        assert f16.decode_comp_eff == pytest.approx(0.65 * q8.decode_comp_eff)
+        assert gain(engine, "F16") > 1.15  # 1.07-1.10 before
+    assert engines.profile("llama.cpp", "apple", "f16").decode_comp_eff == \
+        engines.profile("llama.cpp", "apple", "q8_0").decode_comp_eff  # CPUs only
+    assert engines.profile("tightfit", "cpu", "f16").decode_comp_eff == \
+        engines.profile("tightfit", "cpu", "q8_0").decode_comp_eff  # torch's own kernels

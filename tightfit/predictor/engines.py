@@ -64,6 +64,8 @@ def profile(engine: str, device_class: str, quant: str | None = None) -> EngineP
     """Priors for an engine (canonical name) on a device class, and where it matters the
     stored format (`quant`, lower case)."""
     base = _profile(engine, device_class)
+    if engine in ("llama.cpp", "tightfit-lite") and device_class == "cpu" and quant in _GGML_CPU_DECODE_RATE:
+        base = replace(base, decode_comp_eff=base.decode_comp_eff * _GGML_CPU_DECODE_RATE[quant])
     if engine == "llama.cpp" and device_class == "cpu" and quant == "q4_0":
         # ggml's CPU backend repacks Q4_0 weights at load into interleaved rows for its
         # matrix kernels (its "CPU_REPACK" buffer), so Q4_0 computes faster than the other
@@ -84,6 +86,17 @@ def profile(engine: str, device_class: str, quant: str | None = None) -> EngineP
         return replace(base, comp_eff=base.comp_eff * _LITE_PROMPT_RATE[quant])
     return base
 
+
+# ggml-style decode (llama.cpp, the lite runtime) on a CPU by stored format, relative to the block
+# formats: F16 weights are widened to f32 and multiplied against f32 activations, the blocks' ints
+# against int8 ones. Component measurement (the lite runtime's tf_linear, one token, a 4096 x 4096
+# matrix held in the L3 cache so that compute and not DRAM sets the rate, best of 5, 2026-12-05
+# 09:26 UTC, two rounds): one thread F16 33.7-35.9 GFLOP/s, Q4_0 52.1-52.2, Q4_1 48.0-48.2,
+# Q8_0 55.6 (0.65-0.7). Its decode was predicted as if memory-bound at one thread, so the base
+# gained 1.09-1.10x from a second thread where llama.cpp's F16 rows gained 1.27x and the lite
+# runtime's 1.44x; held out by thread count they read -0.33 and +0.22 in log space
+# (docs/predictor.md).
+_GGML_CPU_DECODE_RATE = {"f16": 0.65}
 
 # The lite runtime's prompt kernel by stored format, relative to Q4_0 / Q4_1: float weights are
 # multiplied against f32 activations (4 bytes read per multiply-add from cache), the block
