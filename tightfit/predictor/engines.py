@@ -64,7 +64,8 @@ def profile(engine: str, device_class: str, quant: str | None = None) -> EngineP
     """Priors for an engine (canonical name) on a device class, and where it matters the
     stored format (`quant`, lower case)."""
     base = _profile(engine, device_class)
-    if engine in ("llama.cpp", "tightfit-lite") and device_class == "cpu" and quant in _GGML_CPU_DECODE_RATE:
+    if engine in ("llama.cpp", "tightfit-lite") and device_class == "cpu" \
+            and quant in _GGML_CPU_DECODE_RATE:
         base = replace(base, decode_comp_eff=base.decode_comp_eff * _GGML_CPU_DECODE_RATE[quant])
     if engine == "llama.cpp" and device_class == "cpu" and quant == "q4_0":
         # ggml's CPU backend repacks Q4_0 weights at load into interleaved rows for its
@@ -121,8 +122,9 @@ _GGML_STYLE: dict[str, Any] = dict(kv_dtype="f16", prompt_chunk=512, chunk_reads
 # base, MoE rows minus dense rows of the same device, medians in log space (llmfit table, no
 # offloaded row): Apple M4 Pro -0.38 (5 MoE rows), GB10 -0.33 (26), RX 7900 XT -0.36 (9), so
 # exp(-0.36) = 0.70 on three backends (Metal, CUDA, ROCm/Vulkan); the one CPU (a Xeon, 3 small
-# MoE rows) -0.60, left at the same value. Held out by device, decode MAPE 11.7% -> 11.3%,
-# llmfit 14.8% -> 13.7%, the MoE rows 22.5% -> 15.1% (max 124% -> 86%) (docs/predictor.md).
+# MoE rows) -0.60, left at the same value. Held out by device (`tightfit predictor evaluate`,
+# 2026-12-05 09:09 UTC): decode MAPE 11.7% -> 11.6%, llmfit 14.8% -> 13.7%; the MoE rows alone
+# (one-off decode folds) 22.5% -> 15.1% (max 124% -> 87%) (docs/predictor.md).
 _LLAMA_CPP: dict[str, Any] = dict(_GGML_STYLE, reserves_chunk=True, fits_context_first=True,
                                   moe_bw_rel=0.7)
 _TIGHTFIT: dict[str, Any] = dict(prompt_chunk=512, head_copy=True)
