@@ -60,6 +60,9 @@ def test_unknown_device_with_bandwidth_widens_the_band(row) -> None:
     (lambda r: r.__setitem__("engine", "tensorrt"), "engine"),
     (lambda r: r.__setitem__("model", {"name": "mystery"}), "model.params_b"),
     (lambda r: r["model"].__setitem__("n_kv_heads", 64), "model.n_kv_heads"),
+    # a prompt longer than the context a server would refuse, not size the KV cache by
+    (lambda r: r["workload"].update(prompt_tokens=100_000, context_tokens=4096),
+     "workload.context_tokens"),
 ])
 def test_bad_rows_name_the_field_and_others_still_answer(row, mutate, field) -> None:
     good = dict(copy.deepcopy(row), id="good")

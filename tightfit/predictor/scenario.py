@@ -250,6 +250,12 @@ def _workload(w: Any) -> Workload:
     prompt = 512 if ints["prompt_tokens"] is None else ints["prompt_tokens"]
     gen = 128 if ints["gen_tokens"] is None else ints["gen_tokens"]
     ctx = ints["context_tokens"] or max(prompt + gen, 1)
+    if ints["context_tokens"] and ctx < prompt + gen:
+        # llama.cpp and the servers refuse such a request; enlarging the context silently would
+        # answer for a deployment the row does not describe (its KV cache sized by the prompt)
+        raise RowError("workload.context_tokens",
+                       f"{ctx} is less than prompt_tokens + gen_tokens = {prompt + gen}; raise "
+                       f"context_tokens to at least {prompt + gen} or shorten the prompt")
     kv = w.get("kv_dtype")
     if kv is not None:
         try:
