@@ -109,6 +109,20 @@ def test_catalog_does_not_guess_unknown_devices() -> None:
     ("Intel(R) Arc(TM) 140V GPU (16GB)", "Arc Graphics 130V/140V (integrated)", 136),
     ("AMD Radeon 890M Graphics", "Radeon 890M (integrated)", 120),
     ("Radeon 860M", "Radeon 840M / 860M Graphics", 120),
+    # CPUs as /proc/cpuinfo and lscpu print them; X3D / HS / U / K / H parts kept apart
+    ("AMD Ryzen 7 5800X3D 8-Core Processor", "Ryzen 7 5800X3D", 51),
+    ("AMD Ryzen 7 5800X 8-Core Processor", "Ryzen 7 5800X", 51),
+    ("AMD Ryzen 7 7840HS w/ Radeon 780M Graphics", "Ryzen 7 7840HS", 90),
+    ("AMD Ryzen 7 7840U w/ Radeon 780M Graphics", "Ryzen 7 7840U", 102),
+    ("13th Gen Intel(R) Core(TM) i5-13600K", "Core i5-13600K", 90),
+    ("12th Gen Intel(R) Core(TM) i7-12700H", "Core i7-12700H", 77),
+    ("12th Gen Intel(R) Core(TM) i7-12700K", "Core i7-12700K", 77),
+    ("11th Gen Intel(R) Core(TM) i7-1165G7 @ 2.80GHz", "Core i7-1165G7", 68),
+    ("Intel(R) Core(TM) Ultra 9 185H", "Core Ultra 9 185H", 120),
+    ("Intel(R) Xeon(R) Gold 6248R CPU @ 3.00GHz", "Xeon Gold 6248R", 141),
+    ("AMD Ryzen Threadripper PRO 5995WX 64-Cores", "Ryzen Threadripper PRO 5995WX", 204),
+    ("Ampere Altra Max M128-30", "Ampere Altra Max", 204),
+    ("NVIDIA B200", "B200", 8000), ("Quadro RTX 8000", "Quadro RTX 8000", 672),
 ])
 def test_catalog_tells_variants_apart(name: str, entry: str, bw: float) -> None:
     """A variant token (Ti, SUPER, GRE, XT, laptop, SXM/PCIe) must agree, so a name is never

@@ -128,7 +128,8 @@ CATALOG: tuple[DeviceSpec, ...] = (
     _g("RTX A4000", 16, 448, 77, 48), _g("RTX A5000", 24, 768, 111, 64),
     _g("RTX A6000", 48, 768, 155, 84), _g("RTX 4000 Ada", 20, 360, 107, 48),
     _g("RTX 5880 Ada Generation", 48, 960, 277, 110), _g("RTX 6000 Ada", 48, 960, 364, 142),
-    _g("RTX PRO 6000 Blackwell", 96, 1792, 500, 188),
+    _g("RTX PRO 6000 Blackwell", 96, 1792, 500, 188), _g("Quadro RTX 8000", 48, 672, 130, 72),
+    _g("B200", 180, 8000, 2250, 148),
     _g("Radeon RX 6600", 8, 224, 18, 28), _g("Radeon RX 6600 XT", 8, 256, 21, 32),
     _g("Radeon RX 6700 XT", 12, 384, 26, 40), _g("Radeon RX 6800", 16, 512, 32, 60),
     _g("Radeon RX 6800 XT", 16, 512, 41, 72), _g("Radeon RX 6900 XT", 16, 512, 46, 80),
@@ -171,6 +172,22 @@ CATALOG: tuple[DeviceSpec, ...] = (
     _c("Snapdragon X Elite", 32, 135, 12, 100, 4),
     _c("Xeon Platinum 8480+", 512, 307, 56, 120, 16), _c("EPYC 7763", 256, 205, 64, 78),
     _c("Graviton3", 128, 307, 64, 83), _c("Graviton4", 192, 537, 96, 90, 4),
+    # more desktop, laptop and server CPUs people run llama.cpp on (rated DRAM bandwidth of the
+    # usual memory: channels x transfer rate x 8 bytes; matrix rate per core as for the
+    # entries above: AVX2 desktop ~100-160, hybrid Intel parts ~60-90 averaged over P and E
+    # cores, Zen 4's double-pumped AVX-512 ~130-160)
+    _c("Ryzen 5 5600X", 32, 51, 6, 140), _c("Ryzen 7 5800X3D", 32, 51, 8, 130),
+    _c("Ryzen 5 7600X", 32, 83, 6, 160), _c("Ryzen 9 7950X3D", 64, 83, 16, 155),
+    _c("Ryzen 7 7840U", 32, 102, 8, 130), _c("Ryzen 7 7840HS", 32, 90, 8, 140),
+    _c("Ryzen 7 8845HS", 32, 90, 8, 140),
+    _c("Ryzen Threadripper 7980X", 256, 166, 64, 150),
+    _c("Ryzen Threadripper PRO 5995WX", 512, 204, 64, 110),
+    _c("Core i5-12400", 32, 77, 6, 100), _c("Core i5-13600K", 32, 90, 14, 90),
+    _c("Core i7-13700K", 64, 90, 16, 88), _c("Core i7-12700H", 32, 77, 14, 80),
+    _c("Core i7-1165G7", 16, 68, 4, 100, 16), _c("Core Ultra 9 185H", 32, 120, 16, 60),
+    _c("Core Ultra 9 285K", 64, 102, 24, 90),
+    _c("Xeon Gold 6248R", 192, 141, 24, 140, 16), _c("Ampere Altra", 256, 204, 80, 48, 4),
+    _c("Ampere Altra Max", 256, 204, 128, 45, 4),
     # DESIGN.md's reference machine, given by its measured copy rate (22 GB/s)
     measured_cpu("Generic 2-core cloud VM (AVX2)", 24, 22, 116, 2),
 )
