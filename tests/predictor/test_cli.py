@@ -162,3 +162,13 @@ def test_a_reader_that_stops_early_is_not_a_crash(tmp_path) -> None:
     r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
     assert r.stdout.startswith("ok ") and "rc=141" in r.stdout, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr
+
+
+def test_device_profile_lives_in_tightfits_cache(tmp_path, monkeypatch) -> None:
+    """Without TIGHTFIT_DEVICE_PROFILE, `tightfit calibrate` writes where the kernels and the
+    predictor's refits go: TIGHTFIT_CACHE, not a fixed ~/.cache."""
+    from tightfit.predictor.scenario import device_profile_path
+
+    monkeypatch.delenv("TIGHTFIT_DEVICE_PROFILE")
+    monkeypatch.setenv("TIGHTFIT_CACHE", str(tmp_path / "elsewhere"))
+    assert device_profile_path() == tmp_path / "elsewhere" / "device.json"

@@ -55,8 +55,12 @@ class Scenario:
 
 
 def device_profile_path() -> Path:
+    """`TIGHTFIT_DEVICE_PROFILE`, or device.json in tightfit's cache (`TIGHTFIT_CACHE`, else
+    ~/.cache/tightfit), where the kernels and the shipped model's refits live too."""
+    from tightfit.buildcache import cache_root
+
     env = os.environ.get("TIGHTFIT_DEVICE_PROFILE")
-    return Path(env) if env else Path.home() / ".cache" / "tightfit" / "device.json"
+    return Path(env) if env else cache_root() / "device.json"
 
 
 def parse_row(row: Any) -> Scenario:

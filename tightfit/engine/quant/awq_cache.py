@@ -1,5 +1,6 @@
 """The AWQ result cache: searched scales and ranges, keyed by the weights' content, the plan
-and the calibration settings, under ~/.cache/tightfit/awq/ (or $TIGHTFIT_CACHE_DIR/awq/).
+and the calibration settings, under awq/ in tightfit's cache (`TIGHTFIT_CACHE`, else
+~/.cache/tightfit; the older `TIGHTFIT_CACHE_DIR` first).
 A damaged or stale file is only a lost speed-up: it is ignored and recomputed."""
 from __future__ import annotations
 
@@ -52,8 +53,12 @@ def cache_key(weights: dict[str, Any], plan: PrecisionPlan, settings: Calibratio
 
 
 def cache_dir() -> Path:
+    """awq/ in tightfit's cache (`TIGHTFIT_CACHE`, else ~/.cache/tightfit); the older
+    `TIGHTFIT_CACHE_DIR` is still read first."""
+    from tightfit.buildcache import cache_root
+
     root = os.environ.get("TIGHTFIT_CACHE_DIR")
-    return (Path(root) if root else Path.home() / ".cache" / "tightfit") / "awq"
+    return (Path(root) if root else cache_root()) / "awq"
 
 
 def cache_path(key: dict[str, Any], plan: PrecisionPlan) -> Path:
