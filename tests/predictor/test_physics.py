@@ -229,3 +229,36 @@ def test_ggml_f16_decode_on_a_cpu_computes_slower_so_a_second_thread_helps_more(
         engines.profile("llama.cpp", "apple", "q8_0").decode_comp_eff  # CPUs only
     assert engines.profile("tightfit", "cpu", "f16").decode_comp_eff == \
         engines.profile("tightfit", "cpu", "q8_0").decode_comp_eff  # torch's own kernels
+
+
+def test_the_head_runs_once_a_prompt_and_an_untied_embedding_is_only_looked_up(row) -> None:
+    """Prefill multiplies the output head for the last position only (every engine here asks
+    for the last token's logits), and an untied token embedding is read one row a token: its
+    bytes are not streamed in decode and its parameters are no FLOPs in either phase."""
+    row["workload"] = {"prompt_tokens": 512, "gen_tokens": 1, "batch": 1, "context_tokens": 1024}
+    row["model"] = {"name": "gemma-3-270m"}  # tied: the embedding (168M) is the head, 63%
+    s = parse_row(row)
+    b = roofline.analyse(s)
+    head = memory.embedding_params(s)
+    body = s.model.params_b * 1e9 - head
+    attn = 2.0 * s.model.n_layers * 512 ** 2 * s.model.n_heads * s.model.head_dim
+    assert b.prefill_flops == pytest.approx(2 * body * 512 + 2 * head + attn, rel=1e-6)
+    assert b.prefill_flops < 0.5 * 2 * s.model.params_b * 1e9 * 512  # head x 512 would double it
+    assert memory.lookup_only_params(s) == 0.0  # tied: streamed as the head in decode
+    assert b.bytes_per_step > memory.weight_bytes(s, engines.profile(s.engine, s.device.device_class,
+                                                                      s.quant))
+
+    row["model"] = {"name": "Meta-Llama-3-8B"}  # untied: 128256 x 4096 looked up, 525M
+    s = parse_row(row)
+    prof = engines.profile(s.engine, s.device.device_class, s.quant)
+    lookup = memory.lookup_only_bytes(s, prof)
+    assert memory.lookup_only_params(s) == pytest.approx(128256 * 4096)
+    assert lookup == pytest.approx(128256 * 4096 * 6.5625 / 8, rel=0.01)  # kept at Q6_K
+    dec = roofline.analyse(s)
+    kv = dec.bytes_per_step - memory.active_weight_bytes(s, prof)
+    assert memory.active_weight_bytes(s, prof) == pytest.approx(
+        memory.weight_bytes(s, prof) - lookup)
+    ctx = 512 + 0.5  # the decode step's mean context
+    attn = 4.0 * s.model.n_layers * ctx * s.model.n_heads * s.model.head_dim
+    assert kv > 0 and dec.flops_per_step == pytest.approx(
+        2 * (s.model.params_b * 1e9 - 128256 * 4096) + attn, rel=1e-6)

@@ -140,12 +140,32 @@ def load_transient_bytes(s: Scenario, prof: EngineProfile, weights: float) -> fl
     return prof.load_transient_mb * MB + prof.load_transient_share * embed * _GGUF_EMBED_BITS / 8
 
 
+def lookup_only_params(s: Scenario) -> float:
+    """Parameters a forward pass looks up but never multiplies: an untied token embedding (one
+    row read a token). A tied one is the output head too, and is streamed and multiplied."""
+    return 0.0 if s.model.ties_embeddings else embedding_params(s)
+
+
+def lookup_only_bytes(s: Scenario, prof: EngineProfile) -> float:
+    """Stored bytes of `lookup_only_params`, at the embedding's bits as `weight_bytes` counts it."""
+    n = lookup_only_params(s)
+    if n == 0.0:
+        return 0.0
+    if keeps_quantised(prof, s.quant) or prof.dequantises:
+        return n * compute_dtype_bytes(s)
+    if s.quant == "mxfp4" and s.model.expert_params_b:
+        return n * _MXFP4_REST_BITS / 8
+    gguf = s.quant.startswith(("q", "iq", "tq"))
+    return n * (gguf_embed_bits(s) if gguf else s.bits_per_weight) / 8
+
+
 def active_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
-    """Weight bytes streamed in one decode step (MoE: the experts the batch touches)."""
+    """Weight bytes streamed in one decode step (MoE: the experts the batch touches); an untied
+    token embedding is not streamed (`lookup_only_bytes`)."""
     m = s.model
     b = s.workload.batch
     active = min(m.params_b, m.active_params_b * (1 + 0.5 * (b - 1))) if m.is_moe else m.params_b
-    return streamed_weight_bytes(s, prof) * active / m.params_b
+    return (streamed_weight_bytes(s, prof) - lookup_only_bytes(s, prof)) * active / m.params_b
 
 
 def kv_bytes_per_token(s: Scenario, prof: EngineProfile) -> float:

@@ -67,7 +67,8 @@ def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple
     # the bytes as the engine's time sees them: an MoE's experts stream at moe_bw_rel
     timed_bytes = weights / (prof.moe_bw_rel if m.is_moe else 1.0) + kv_read
     attn_flops = w.batch * 4.0 * m.n_layers * ctx * m.n_heads * m.head_dim
-    flops = w.batch * 2e9 * m.active_params_b + attn_flops
+    # every parameter a token meets is a multiply-add, but for an untied embedding's lookup
+    flops = w.batch * 2 * (m.active_params_b * 1e9 - memory.lookup_only_params(s)) + attn_flops
     f = mem.device_fraction
     mem_s = f * timed_bytes / (d.bandwidth_gbps * 1e9 * prof.bw_eff)
     # attention's FLOPs run at the engine's attn_rel of its matrix rate (the lite runtime: 0.65)
@@ -93,12 +94,18 @@ def prefill_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tupl
     p = max(w.prompt_tokens, 0)
     if p == 0:
         return Phase(0.0, 0.0, 0.0, 0.0), 0.0
-    flops = w.batch * (2e9 * m.active_params_b * p + 2.0 * m.n_layers * p * p * m.n_heads * m.head_dim)
+    # The output head runs for the last position only (llama.cpp, tightfit, the lite runtime
+    # and HF's generate all ask for the last token's logits), and an untied embedding is only
+    # looked up: in Gemma 3 270M the head is 63% of the parameters.
+    head = memory.embedding_params(s)
+    body = max(m.active_params_b * 1e9 - head - memory.lookup_only_params(s), 0.0)
+    flops = w.batch * (2 * body * p + 2 * head + 2.0 * m.n_layers * p * p * m.n_heads * m.head_dim)
     # llama.cpp and the lite runtime run a prompt in calls of <= 512 tokens, each reading the
     # weights once; the torch engine's chunks are counted in its efficiency instead
     ubatches = math.ceil(p / prof.prompt_chunk) if prof.chunk_reads_weights else 1
     weights = memory.weight_bytes(s, prof)
-    mem_s = mem.device_fraction * memory.streamed_weight_bytes(s, prof) * ubatches / (
+    streamed = memory.streamed_weight_bytes(s, prof) - memory.lookup_only_bytes(s, prof)
+    mem_s = mem.device_fraction * streamed * ubatches / (
         d.bandwidth_gbps * 1e9 * prof.bw_eff)
     comp_s = flops / (d.fp16_tflops * 1e12 * prof.comp_eff)
     off = (1 - mem.device_fraction) * weights * ubatches / (d.link_gbps * 1e9 * _LINK_EFF)
