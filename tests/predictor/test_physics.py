@@ -262,3 +262,16 @@ def test_the_head_runs_once_a_prompt_and_an_untied_embedding_is_only_looked_up(r
     attn = 4.0 * s.model.n_layers * ctx * s.model.n_heads * s.model.head_dim
     assert kv > 0 and dec.flops_per_step == pytest.approx(
         2 * (s.model.params_b * 1e9 - 128256 * 4096) + attn, rel=1e-6)
+
+
+def test_llama_cpp_prompt_kernels_on_a_cpu_by_stored_format() -> None:
+    """ggml-cpu runs Q4_0/Q4_K/IQ4_NL (repacked) and Q8_0/F16 (llamafile's sgemm) through tiled
+    kernels and every other block type through a per-row dot product: ~2x apart in prompt
+    rate on a CPU; on a GPU the format does not change the prior."""
+    eff = {q: engines.profile("llama.cpp", "cpu", q).comp_eff
+           for q in ("q4_0", "q4_k_m", "q8_0", "f16", "q4_1", "q6_k", "q5_k_m", "iq4_xs")}
+    assert eff["q4_0"] >= eff["q4_k_m"] == eff["q8_0"] > eff["f16"]
+    for generic in ("q4_1", "q6_k", "q5_k_m", "iq4_xs"):
+        assert eff["q8_0"] / eff[generic] > 2.0
+    gpu = {engines.profile("llama.cpp", "discrete_gpu", q).comp_eff for q in eff}
+    assert len(gpu) == 1

@@ -76,7 +76,8 @@ def test_brief_factors_are_candidates_only_where_the_ablation_kept_them() -> Non
 
     brief = set(features.BRIEF_FEATURES)
     assert not brief & set(features.candidate_names("decode"))
-    assert brief <= set(features.candidate_names("prefill"))
+    assert not brief & set(features.candidate_names("prefill"))  # since the base fixes of 12-05
+    assert brief <= set(features.candidate_names("prefill", "all"))
     assert brief <= set(features.candidate_names("decode", "all"))
     assert not brief & set(features.candidate_names("prefill", "none"))
 

@@ -20,8 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     ev.add_argument("--plots", metavar="DIR", help="write predicted-vs-measured PNGs here")
     ev.add_argument("--brief-factors", choices=("default", "all", "none"), default="default",
                     help="ablation of the brief's lambda_mem/comp/quant factors as candidate "
-                         "features: default = where they helped held out (prefill), all = every "
-                         "phase, none = no phase")
+                         "features: default = where they helped held out (no phase since "
+                         "2026-12-05), all = every phase, none = no phase")
     ev.add_argument("--without-brief-factors", action="store_const", const="none",
                     dest="brief_factors", help="same as --brief-factors none")
     ev.add_argument("--decode-rate-features", action="store_const", const="all",

@@ -67,15 +67,15 @@ def profile(engine: str, device_class: str, quant: str | None = None) -> EngineP
     if engine in ("llama.cpp", "tightfit-lite") and device_class == "cpu" \
             and quant in _GGML_CPU_DECODE_RATE:
         base = replace(base, decode_comp_eff=base.decode_comp_eff * _GGML_CPU_DECODE_RATE[quant])
+    if engine == "llama.cpp" and device_class == "cpu" and quant is not None:
+        base = replace(base, comp_eff=_ggml_cpu_prompt_eff(quant))
     if engine == "llama.cpp" and device_class == "cpu" and quant == "q4_0":
         # ggml's CPU backend repacks Q4_0 weights at load into interleaved rows for its
-        # matrix kernels (its "CPU_REPACK" buffer), so Q4_0 computes faster than the other
-        # block types there. Measured on this machine, llama-cpp-python on the default model
-        # as stored (Q4_1) and re-typed to Q4_0, alternating, 2 threads, 128-token prompt
-        # (2026-12-04 19:00 UTC, two rounds): prefill 285-313 vs 749-861 tok/s (2.4-3.0x),
-        # decode 115-120 vs 144-154 (1.26-1.29x).
-        return replace(base, comp_eff=base.comp_eff * 2.5,
-                       decode_comp_eff=base.decode_comp_eff * 1.3)
+        # matrix kernels (its "CPU_REPACK" buffer). Measured on this machine, llama-cpp-python
+        # on the default model as stored (Q4_1) and re-typed to Q4_0, alternating, 2 threads,
+        # 128-token prompt (2026-12-04 19:00 UTC, two rounds): prefill 285-313 vs 749-861
+        # tok/s (2.4-3.0x: `_ggml_cpu_prompt_eff`), decode 115-120 vs 144-154 (1.26-1.29x).
+        return replace(base, decode_comp_eff=base.decode_comp_eff * 1.3)
     if engine == "tightfit" and device_class == "cpu" and quant in ("f32", "fp32"):
         # its fp32 weights go through torch's matrix-vector product, not the packed kernels:
         # the bench rows of 2026-12-05 stream 10.6-11.8 GB/s on both models at one thread and
@@ -98,6 +98,31 @@ def profile(engine: str, device_class: str, quant: str | None = None) -> EngineP
 # runtime's 1.44x; held out by thread count they read -0.33 and +0.22 in log space
 # (docs/predictor.md).
 _GGML_CPU_DECODE_RATE = {"f16": 0.65}
+
+# llama.cpp's prompt kernels on a CPU by stored format (its ggml-cpu sources, x86 with AVX2, as
+# vendored in llama-cpp-python 0.3.36): Q4_0, Q4_K, IQ4_NL and MXFP4 weights are repacked at load
+# into interleaved rows for tiled int8 kernels (repack.cpp), and F32/F16/BF16, Q8_0, Q4_0, Q5_0
+# and IQ4_NL go to llamafile's tiled GEMM (sgemm.cpp); every other block type (Q4_1, Q5_1, Q2_K,
+# Q3_K, Q5_K, Q6_K, the IQ2/IQ3 types, IQ4_XS) takes the generic per-row dot product. The levels,
+# as fractions of the machine's fp32 GEMM probe, from this machine's llama.cpp rows against the
+# analytic base (median of 1- and 2-thread rows, 2026-12-05 dataset, so in-sample: no other CPU
+# has prompt rows): Q4_1 (generic) 0.35, Q4_0 0.81, Q4_K_M 0.76, Q8_0 0.74 (tiled int8), F16
+# 0.64 (tiled, converted to f32). The 2-core reference VM's one Q4_1 row reads 0.37. Before,
+# 0.5 for every format and 1.25 for Q4_0: held out by device the Q4_0/Q4_1 rows were predicted
+# 0.3 too fast and the Q8_0 / Q4_K_M ones 0.2-0.45 too slow (docs/predictor.md).
+_GGML_CPU_TILED_INT = ("q4_0", "q4_k_s", "q4_k_m", "iq4_nl", "mxfp4", "q8_0", "q5_0")
+_GGML_CPU_TILED_FLOAT = ("f16", "bf16", "f32", "fp32")
+
+
+def _ggml_cpu_prompt_eff(quant: str) -> float:
+    if quant == "q4_0":
+        return 0.8
+    if quant in _GGML_CPU_TILED_INT:
+        return 0.75
+    if quant in _GGML_CPU_TILED_FLOAT:
+        return 0.65
+    return 0.35
+
 
 # The lite runtime's prompt kernel by stored format, relative to Q4_0 / Q4_1: float weights are
 # multiplied against f32 activations (4 bytes read per multiply-add from cache), the block

@@ -27,9 +27,13 @@ BRIEF_FEATURES = ("lambda_mem", "lambda_comp", "lambda_quant", "lambda_all")
 # Phases whose default candidates include the brief's factors. Decided by the held-out ablation
 # (`tightfit predictor evaluate --split device --brief-factors all|none`, docs/predictor.md):
 # for decode they cost 3 points overall (17.7% without vs 20.8% with; tightfit's own data 15.6%
-# vs 26.5%, where lambda_comp ~ thread count extrapolates badly) and gain 1.3 on llmfit; for
-# prefill they help a little (10.6% vs 10.9%).
-BRIEF_PHASES = ("prefill",)
+# vs 26.5%, where lambda_comp ~ thread count extrapolates badly) and gain 1.3 on llmfit. For
+# prefill they helped a little then (10.6% vs 10.9%), but once the analytic base ran the output
+# head once a prompt and llama.cpp's CPU prompt kernels by format (2026-12-05 12:15 UTC, prefill
+# folds): held out by device 14.8% with them, 10.4% without (llama.cpp's own rows 31.9% ->
+# 8.7%: lambda_comp = tanh(cores x SIMD / 64) again stood for the thread count), by model 14.9%
+# vs 15.1%, the Apple table 3.7% vs 4.2%. So no phase takes them by default.
+BRIEF_PHASES: tuple[str, ...] = ()
 # The device's compute rate as residual features. Decode leaves them out by default: on a CPU
 # they move with the thread count a run uses, and with one CPU machine in the data the residual
 # then extrapolates the thread effect instead of leaving it to the analytic base (whose compute
