@@ -89,7 +89,9 @@ def test_device_rate_features_are_left_out_of_decode_unless_asked_for() -> None:
 
     rates = set(features.RATE_FEATURES)
     assert not rates & set(features.candidate_names("decode"))
-    assert rates <= set(features.candidate_names("prefill"))
+    # prefill's compute share is near 1 on every row: a lever, not a rate (PHASE_EXCLUDED)
+    assert rates - {"share_compute"} <= set(features.candidate_names("prefill"))
+    assert "share_compute" not in features.candidate_names("prefill", "all", "all")
     assert rates <= set(features.candidate_names("decode", rates="all"))
     with pytest.raises(ValueError, match="rates must be"):
         features.candidate_names("decode", rates="some")
