@@ -47,7 +47,7 @@ RATE_PHASES = ("prefill",)
 # every training row (0.94-1.0: its rows are prompts of >= 128 tokens; sd 0.006), so its
 # standardised slope was a lever on the few rows at the low end (HF at 128 tokens), and a short
 # prompt landed far along it: held out by model, tightfit's Gemma 3 TTFT at a 16-token prompt
-# came out 5.7x too slow (the residual -2.0 in log space, -0.98 of it from this feature).
+# came out 6.7x too slow (the residual -2.0 in log space, -0.98 of it from this feature).
 # Prefill folds, 2026-12-05 12:40 UTC (one-off script): TTFT by model 27.0% -> 17.8% (max 572% ->
 # 85%), by device 16.5% -> 16.6%; prefill by device 10.4% -> 10.4%, by model 15.1% -> 16.4%.
 PHASE_EXCLUDED = {"prefill": ("share_compute",)}
