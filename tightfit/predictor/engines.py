@@ -109,7 +109,7 @@ _GGML_CPU_DECODE_RATE = {"f16": 0.65}
 # has prompt rows): Q4_1 (generic) 0.35, Q4_0 0.81, Q4_K_M 0.76, Q8_0 0.74 (tiled int8), F16
 # 0.64 (tiled, converted to f32). The 2-core reference VM's one Q4_1 row reads 0.37. Before,
 # 0.5 for every format and 1.25 for Q4_0: held out by device the Q4_0/Q4_1 rows were predicted
-# 0.3 too fast and the Q8_0 / Q4_K_M ones 0.2-0.45 too slow (docs/predictor.md).
+# 0.2-0.36 too fast and the Q8_0 / Q4_K_M ones 0.2-0.5 too slow (docs/predictor.md).
 _GGML_CPU_TILED_INT = ("q4_0", "q4_k_s", "q4_k_m", "iq4_nl", "mxfp4", "q8_0", "q5_0")
 _GGML_CPU_TILED_FLOAT = ("f16", "bf16", "f32", "fp32")
 
