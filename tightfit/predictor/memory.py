@@ -95,9 +95,18 @@ def weight_bytes(s: Scenario, prof: EngineProfile) -> float:
         experts = min(s.model.expert_params_b * 1e9, total)
         return (experts * s.bits_per_weight + (total - experts) * _MXFP4_REST_BITS) / 8
     embed = embedding_params(s)
+    return ((total - embed) * s.bits_per_weight + embed * stored_embed_bits(s, prof)) / 8
+
+
+def stored_embed_bits(s: Scenario, prof: EngineProfile) -> float:
+    """Bits a token-embedding weight takes in `weight_bytes`: the compute dtype where the engine
+    holds it in float, Q8_0 beside MXFP4 experts, a GGUF preset's floor, else the format's."""
+    if keeps_quantised(prof, s.quant) or prof.dequantises:
+        return 8 * compute_dtype_bytes(s)
+    if s.quant == "mxfp4" and s.model.expert_params_b:
+        return _MXFP4_REST_BITS
     gguf = s.quant.startswith(("q", "iq", "tq"))
-    embed_bits = gguf_embed_bits(s) if gguf else s.bits_per_weight
-    return ((total - embed) * s.bits_per_weight + embed * embed_bits) / 8
+    return gguf_embed_bits(s) if gguf else s.bits_per_weight
 
 
 def streamed_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
@@ -148,15 +157,7 @@ def lookup_only_params(s: Scenario) -> float:
 
 def lookup_only_bytes(s: Scenario, prof: EngineProfile) -> float:
     """Stored bytes of `lookup_only_params`, at the embedding's bits as `weight_bytes` counts it."""
-    n = lookup_only_params(s)
-    if n == 0.0:
-        return 0.0
-    if keeps_quantised(prof, s.quant) or prof.dequantises:
-        return n * compute_dtype_bytes(s)
-    if s.quant == "mxfp4" and s.model.expert_params_b:
-        return n * _MXFP4_REST_BITS / 8
-    gguf = s.quant.startswith(("q", "iq", "tq"))
-    return n * (gguf_embed_bits(s) if gguf else s.bits_per_weight) / 8
+    return lookup_only_params(s) * stored_embed_bits(s, prof) / 8
 
 
 def active_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
