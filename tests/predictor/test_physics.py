@@ -264,6 +264,53 @@ def test_the_head_runs_once_a_prompt_and_an_untied_embedding_is_only_looked_up(r
         2 * (s.model.params_b * 1e9 - 128256 * 4096) + attn, rel=1e-6)
 
 
+def test_per_layer_embeddings_are_looked_up_and_gemma_ties_its_head(row) -> None:
+    """Gemma 4 E4B's per-layer table (262144 x 42 x 256 = 2.82B of its 8B) is read one row a
+    token (llama.cpp: ggml_get_rows), so decode streams neither it nor counts it as FLOPs; it
+    still counts in the weights held. Every Gemma ties its embedding to the head, which is
+    streamed in decode (the size guess alone called Gemma 3 12B / 27B untied)."""
+    from tightfit.predictor import architectures
+
+    row["workload"] = {"prompt_tokens": 512, "gen_tokens": 1, "batch": 1, "context_tokens": 1024}
+    row["model"] = {"name": "gemma-4-E4B-it-Q4_K_M.gguf"}
+    s = parse_row(row)
+    prof = engines.profile(s.engine, s.device.device_class, s.quant)
+    assert s.model.per_layer_embed_params_b == pytest.approx(262144 * 42 * 256 / 1e9, rel=0.01)
+    assert s.model.ties_embeddings
+    assert memory.lookup_only_params(s) == pytest.approx(2.82e9)
+    ple_bytes = 2.82e9 * s.bits_per_weight / 8
+    assert memory.lookup_only_bytes(s, prof) == pytest.approx(ple_bytes)
+    assert memory.active_weight_bytes(s, prof) == pytest.approx(
+        memory.weight_bytes(s, prof) - ple_bytes)
+    assert memory.held_weight_bytes(s, prof) >= memory.weight_bytes(s, prof)  # held all the same
+    dec = roofline.analyse(s)
+    attn = 4.0 * s.model.n_layers * (512 + 0.5) * s.model.n_heads * s.model.head_dim
+    assert dec.flops_per_step == pytest.approx(2 * (8.0e9 - 2.82e9) + attn, rel=1e-6)
+    # an HF engine that dequantises holds the table in the compute dtype: so does the lookup
+    hf = dict(row, engine="hf-transformers")
+    s_hf = parse_row(hf)
+    prof_hf = engines.profile(s_hf.engine, s_hf.device.device_class, s_hf.quant)
+    assert prof_hf.dequantises
+    assert memory.lookup_only_bytes(s_hf, prof_hf) == pytest.approx(
+        2.82e9 * memory.compute_dtype_bytes(s_hf))
+    # given explicitly, as with any other model field; absurd values are a row error
+    row["model"] = {"name": "my-model", "params_b": 6.0, "per_layer_embed_params_b": 2.0}
+    assert memory.lookup_only_params(parse_row(row)) >= 2.0e9
+    from tightfit.predictor.scenario import RowError
+    row["model"]["per_layer_embed_params_b"] = -1
+    with pytest.raises(RowError, match="model.per_layer_embed_params_b"):
+        parse_row(row)
+    # unknown "E" names: a share of the 1.7x estimate is taken as per-layer embeddings
+    unknown = architectures.lookup("gemma-9-E4B-it")
+    assert unknown is not None and unknown.per_layer_embed_params_b > 0
+    for name in ("gemma-3-12b-it", "gemma-3-27b-it", "gemma-2-27b-it", "gemma-4-31B-it"):
+        spec = architectures.lookup(name)
+        assert spec is not None and spec.ties_embeddings, name
+    row["model"] = {"name": "gemma-3-27b-it"}
+    s = parse_row(row)
+    assert memory.lookup_only_params(s) == 0.0  # the head, streamed and multiplied
+
+
 def test_llama_cpp_prompt_kernels_on_a_cpu_by_stored_format() -> None:
     """ggml-cpu runs Q4_0/Q4_K/IQ4_NL (repacked) and Q8_0/F16 (llamafile's sgemm) through tiled
     kernels and every other block type through a per-row dot product: ~2x apart in prompt

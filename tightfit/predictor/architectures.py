@@ -28,6 +28,9 @@ class ModelSpec:
     shape_known: bool = True
     tied_embeddings: bool | None = None  # output head shares the token embedding; None: guess
     expert_params_b: float | None = None  # parameters in the routed experts (MoE), if known
+    # per-layer embeddings (Gemma 3n / Gemma 4 "E" models): a [vocab, layers x 256] table of
+    # which each token reads one row (llama.cpp: ggml_get_rows); in params_b, never multiplied
+    per_layer_embed_params_b: float = 0.0
 
     @property
     def is_moe(self) -> bool:
@@ -53,12 +56,15 @@ class ModelSpec:
 
 def _m(name: str, p: float, layers: int, hidden: int, heads: int, kv: int, vocab: int,
        inter: int, active: float | None = None, head_dim: int | None = None,
-       experts: float | None = None) -> ModelSpec:
+       experts: float | None = None, ple: float = 0.0, tied: bool | None = None) -> ModelSpec:
     return ModelSpec(name, p, active if active is not None else p, layers, hidden, heads, kv,
-                     vocab, inter, head_dim or hidden // heads, expert_params_b=experts)
+                     vocab, inter, head_dim or hidden // heads, tied_embeddings=tied,
+                     expert_params_b=experts, per_layer_embed_params_b=ple)
 
 
-# Public configuration values of common open models (parameters in billions, embeddings included).
+# Public configuration values of common open models (parameters in billions, embeddings included;
+# tied=True where the config ties the embedding to the head and the size guess,
+# ModelSpec.ties_embeddings, would say untied: Gemma at every size, SmolLM2 1.7B, SmolLM3).
 KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("llama-2-7b", 6.74, 32, 4096, 32, 32, 32000, 11008),
     _m("llama-2-13b", 13.0, 40, 5120, 40, 40, 32000, 13824),
@@ -73,8 +79,8 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("tinyllama-1.1b", 1.10, 22, 2048, 32, 4, 32000, 5632),
     _m("smollm2-135m", 0.135, 30, 576, 9, 3, 49152, 1536),
     _m("smollm2-360m", 0.362, 32, 960, 15, 5, 49152, 2560),
-    _m("smollm2-1.7b", 1.71, 24, 2048, 32, 32, 49152, 8192),
-    _m("smollm3-3b", 3.08, 36, 2048, 16, 4, 128256, 11008),
+    _m("smollm2-1.7b", 1.71, 24, 2048, 32, 32, 49152, 8192, tied=True),
+    _m("smollm3-3b", 3.08, 36, 2048, 16, 4, 128256, 11008, tied=True),
     _m("qwen2.5-0.5b", 0.49, 24, 896, 14, 2, 151936, 4864),
     _m("qwen2.5-1.5b", 1.54, 28, 1536, 12, 2, 151936, 8960),
     _m("qwen2.5-3b", 3.09, 36, 2048, 16, 2, 151936, 11008),
@@ -89,16 +95,26 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("qwen3-32b", 32.8, 64, 5120, 64, 8, 151936, 25600, head_dim=128),
     _m("qwen3-30b-a3b", 30.5, 48, 2048, 32, 4, 151936, 768, active=3.3, head_dim=128),
     _m("qwen3-coder-next", 80.0, 48, 2048, 16, 2, 151936, 512, active=3.0, head_dim=256),
-    _m("gemma-2-2b", 2.61, 26, 2304, 8, 4, 256000, 9216, head_dim=256),
-    _m("gemma-2-9b", 9.24, 42, 3584, 16, 8, 256000, 14336, head_dim=256),
-    _m("gemma-2-27b", 27.2, 46, 4608, 32, 16, 256000, 36864, head_dim=128),
-    _m("gemma-3-270m", 0.268, 18, 640, 4, 1, 262144, 2048, head_dim=256),
-    _m("gemma-3-1b", 1.00, 26, 1152, 4, 1, 262144, 6912, head_dim=256),
-    _m("gemma-3-4b", 3.88, 34, 2560, 8, 4, 262208, 10240, head_dim=256),
-    _m("gemma-3-12b", 12.2, 48, 3840, 16, 8, 262208, 15360, head_dim=256),
-    _m("gemma-3-27b", 27.4, 62, 5376, 32, 16, 262208, 21504, head_dim=128),
-    _m("gemma-3n-e2b", 4.5, 30, 2048, 8, 2, 262400, 8192, head_dim=256),
-    _m("gemma-3n-e4b", 6.9, 35, 2048, 8, 2, 262400, 16384, head_dim=256),
+    _m("gemma-2-2b", 2.61, 26, 2304, 8, 4, 256000, 9216, head_dim=256, tied=True),
+    _m("gemma-2-9b", 9.24, 42, 3584, 16, 8, 256000, 14336, head_dim=256, tied=True),
+    _m("gemma-2-27b", 27.2, 46, 4608, 32, 16, 256000, 36864, head_dim=128, tied=True),
+    _m("gemma-3-270m", 0.268, 18, 640, 4, 1, 262144, 2048, head_dim=256, tied=True),
+    _m("gemma-3-1b", 1.00, 26, 1152, 4, 1, 262144, 6912, head_dim=256, tied=True),
+    _m("gemma-3-4b", 3.88, 34, 2560, 8, 4, 262208, 10240, head_dim=256, tied=True),
+    _m("gemma-3-12b", 12.2, 48, 3840, 16, 8, 262208, 15360, head_dim=256, tied=True),
+    _m("gemma-3-27b", 27.4, 62, 5376, 32, 16, 262208, 21504, head_dim=128, tied=True),
+    # "E" models: per-layer embeddings of 262144 x (layers x 256), one row looked up a token
+    # (ple; Gemma 3n E2B 2.01B, E4B 2.35B). Gemma 3n is left without: its two measured rows
+    # (llama.cpp, M4 Pro and RX 7900 XT) run at 0.52 / 0.35 of the rate its streamed bytes
+    # allow, against 0.74 / 0.48 for Gemma 4 E4B on the same machines (its AltUp / LAuReL
+    # blocks, not modelled, cost the time); counting the table as streamed stands in for that.
+    _m("gemma-3n-e2b", 4.5, 30, 2048, 8, 2, 262400, 8192, head_dim=256, tied=True),
+    _m("gemma-3n-e4b", 6.9, 35, 2048, 8, 2, 262400, 16384, head_dim=256, tied=True),
+    # Gemma 4 E2B / E4B: 2.3B / 4.5B "effective" (without embeddings), 5.1B / 8B with them;
+    # layers as llama.cpp's gemma4 loader types them (35, 42); shared-KV layers and the
+    # 512-token sliding window are not modelled (KV over-counted at long contexts)
+    _m("gemma-4-e2b", 5.1, 35, 1536, 8, 1, 262144, 12288, head_dim=256, ple=2.35, tied=True),
+    _m("gemma-4-e4b", 8.0, 42, 2560, 8, 2, 262144, 10240, head_dim=256, ple=2.82, tied=True),
     _m("phi-3-mini", 3.82, 32, 3072, 32, 32, 32064, 8192),
     _m("phi-3.5-mini", 3.82, 32, 3072, 32, 32, 32064, 8192),
     _m("phi-3-medium", 14.0, 40, 5120, 40, 10, 32064, 17920),
@@ -176,6 +192,7 @@ _FAMILY_HINTS: list[tuple[str, str]] = [
     ("llama-4-maverick", "llama-4-maverick-17b-128e"), ("deepseek-r1:671b", "deepseek-v3"),
     ("glm-4.5-air", "glm-4.5-air"), ("glm-4.6", "glm-4.5"),
     ("gemma-3n-e4b", "gemma-3n-e4b"), ("gemma-3n-e2b", "gemma-3n-e2b"),
+    ("gemma-4-e4b", "gemma-4-e4b"), ("gemma-4-e2b", "gemma-4-e2b"),
     # ollama's tags (name:size), where the size alone would miss the family or its experts
     ("llama4:scout", "llama-4-scout-17b-16e"), ("llama4:maverick", "llama-4-maverick-17b-128e"),
     ("qwen3-coder:30b", "qwen3-30b-a3b"), ("deepseek-coder-v2:16b", "deepseek-coder-v2-lite"),
@@ -183,7 +200,8 @@ _FAMILY_HINTS: list[tuple[str, str]] = [
     ("deepseek-r1:1.5b", "qwen2.5-1.5b"), ("deepseek-r1:8b", "qwen3-8b"),
     ("deepseek-r1:14b", "qwen2.5-14b"), ("deepseek-r1:32b", "qwen2.5-32b"),
     ("deepseek-r1:70b", "llama-3.3-70b"), ("gemma3n:e4b", "gemma-3n-e4b"),
-    ("gemma3n:e2b", "gemma-3n-e2b"), ("phi4-mini", "phi-4-mini"), ("phi4:", "phi-4"),
+    ("gemma3n:e2b", "gemma-3n-e2b"), ("gemma4:e4b", "gemma-4-e4b"), ("gemma4:e2b", "gemma-4-e2b"),
+    ("phi4-mini", "phi-4-mini"), ("phi4:", "phi-4"),
     ("phi3:mini", "phi-3-mini"), ("phi3.5", "phi-3.5-mini"), ("phi3:medium", "phi-3-medium"),
 ]
 # Whole names (after clean_name) that name a table entry without its size.
@@ -259,7 +277,13 @@ def lookup(name: str) -> ModelSpec | None:
     total, active = parse_sizes(s)
     if total is None:
         return None
-    return estimate_shape(s, total, active)
+    spec = estimate_shape(s, total, active)
+    if "gemma" in s:  # Gemma ties its 262k-entry token embedding to the head at every size
+        spec = replace(spec, vocab_size=262144, tied_embeddings=True)
+    eff = _EFFECTIVE.search(s)
+    if eff:  # of the 1.7x, ~1.25x is streamed (Gemma 3n / 4: 1.14x-1.37x), the rest looked up
+        spec = replace(spec, per_layer_embed_params_b=0.45 * float(eff.group(1)))
+    return spec
 
 
 def _table_key(s: str) -> str | None:

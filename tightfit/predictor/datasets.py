@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from pathlib import Path
 
-from tightfit.predictor import architectures, formats, hardware
+from tightfit.predictor import architectures, formats, hardware, memory
 from tightfit.predictor.hardware import DeviceSpec
 from tightfit.predictor.scenario import Scenario, Workload
 
@@ -162,7 +162,8 @@ def _llmfit_observation(row: dict[str, str]) -> Observation | None:
 
 def _impossible(obs: Observation) -> bool:
     s = obs.scenario
-    bytes_tok = s.model.active_params_b * 1e9 * s.bits_per_weight / 8
+    streamed = s.model.active_params_b * 1e9 - memory.lookup_only_params(s)
+    bytes_tok = streamed * s.bits_per_weight / 8
     return bytes_tok * obs.value > MAX_BW_UTIL * s.device.bandwidth_gbps * 1e9
 
 

@@ -149,20 +149,32 @@ def load_transient_bytes(s: Scenario, prof: EngineProfile, weights: float) -> fl
     return prof.load_transient_mb * MB + prof.load_transient_share * embed * _GGUF_EMBED_BITS / 8
 
 
+def per_layer_embed_params(s: Scenario) -> float:
+    """Per-layer embeddings (Gemma 3n / Gemma 4 "E" models), capped at half the parameters."""
+    return min(s.model.per_layer_embed_params_b, 0.5 * s.model.params_b) * 1e9
+
+
 def lookup_only_params(s: Scenario) -> float:
-    """Parameters a forward pass looks up but never multiplies: an untied token embedding (one
-    row read a token). A tied one is the output head too, and is streamed and multiplied."""
-    return 0.0 if s.model.ties_embeddings else embedding_params(s)
+    """Parameters a forward pass looks up but never multiplies: an untied token embedding and
+    per-layer embeddings (one row read a token each). A tied embedding is the output head too,
+    and is streamed and multiplied."""
+    untied = 0.0 if s.model.ties_embeddings else embedding_params(s)
+    return untied + per_layer_embed_params(s)
 
 
 def lookup_only_bytes(s: Scenario, prof: EngineProfile) -> float:
-    """Stored bytes of `lookup_only_params`, at the embedding's bits as `weight_bytes` counts it."""
-    return lookup_only_params(s) * stored_embed_bits(s, prof) / 8
+    """Stored bytes of `lookup_only_params` as `weight_bytes` counts them: the token embedding
+    at its bits, per-layer embeddings with the body (in the compute dtype where the engine
+    dequantises or streams its quantised layers at float speed, `streamed_weight_bytes`)."""
+    untied = 0.0 if s.model.ties_embeddings else embedding_params(s) * stored_embed_bits(s, prof)
+    in_float = keeps_quantised(prof, s.quant) or prof.dequantises
+    ple_bits = 8 * compute_dtype_bytes(s) if in_float else s.bits_per_weight
+    return (untied + per_layer_embed_params(s) * ple_bits) / 8
 
 
 def active_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
     """Weight bytes streamed in one decode step (MoE: the experts the batch touches); an untied
-    token embedding is not streamed (`lookup_only_bytes`)."""
+    token embedding and per-layer embeddings are not streamed (`lookup_only_bytes`)."""
     m = s.model
     b = s.workload.batch
     active = min(m.params_b, m.active_params_b * (1 + 0.5 * (b - 1))) if m.is_moe else m.params_b

@@ -205,6 +205,9 @@ def _model(m: dict[str, Any]) -> tuple[ModelSpec, float, list[str]]:
             params, spec.active_params_b if spec.is_moe else params)
     elif active is not None:
         updates["active_params_b"] = active
+    ple = _number(m, "per_layer_embed_params_b", "model", 0, 20000)
+    if ple is not None:
+        updates["per_layer_embed_params_b"] = ple
     if "hidden_size" in updates and "n_heads" in updates and "head_dim" not in updates:
         updates["head_dim"] = updates["hidden_size"] // updates["n_heads"]
     known = spec.shape_known or {"n_layers", "hidden_size"} <= set(updates)
