@@ -119,7 +119,8 @@ def test_apple_working_set_is_a_soft_cap(row) -> None:
     row["hardware"] = {"name": "M4 Pro", "kind": "apple", "memory_gb": 24,
                        "memory_bandwidth_gbps": 273, "fp16_tflops": 17}
     row["model"] = {"name": "gemma-3-27b-it"}
-    row["workload"]["context_tokens"] = 4096
+    # 16k: its 52 windowed layers hold 1,536 positions, so 4096 would stay under 18 GiB
+    row["workload"]["context_tokens"] = 16384
     b = _analyse(row)
     assert 0.75 * 24 < b.memory.peak_bytes / 2**30 < 0.9 * 24
     assert b.memory.fits and not b.memory.fits_on_device
@@ -309,6 +310,74 @@ def test_per_layer_embeddings_are_looked_up_and_gemma_ties_its_head(row) -> None
     row["model"] = {"name": "gemma-3-27b-it"}
     s = parse_row(row)
     assert memory.lookup_only_params(s) == 0.0  # the head, streamed and multiplied
+
+
+def test_sliding_window_layers_hold_their_window_where_the_engine_has_a_window_cache(row) -> None:
+    """Gemma 3 27B: 52 of 62 layers attend to the last 1024 tokens. llama.cpp keeps window +
+    n_ubatch (512) cells for them, HF's DynamicCache the window, tightfit the whole context; a
+    decode step reads what is held. At a 32k context that is 3.11 vs 15.5 GiB of f16 K/V."""
+    row["hardware"] = {"name": "RTX 4090"}
+    row["model"] = {"name": "gemma-3-27b-it"}
+    row["workload"] = {"prompt_tokens": 30000, "gen_tokens": 128, "batch": 1,
+                       "context_tokens": 32768}
+    per_token = 2 * 62 * 16 * 128 * 2  # K and V, f16
+    s = parse_row(row)
+    lcpp = engines.profile("llama.cpp", s.device.device_class, s.quant)
+    held = per_token * (10 * 32768 + 52 * 1536) / 62
+    assert memory.estimate(s, lcpp).kv_bytes == pytest.approx(held)
+    assert held / (per_token * 32768) < 0.21
+    assert held / 2 ** 30 == pytest.approx(3.11, abs=0.01)
+    hf = engines.profile("hf-transformers", s.device.device_class, s.quant)
+    assert memory.kv_tokens(s, hf, 32768) == pytest.approx((10 * 32768 + 52 * 1024) / 62)
+    tf = engines.profile("tightfit", s.device.device_class, s.quant)
+    assert memory.kv_tokens(s, tf, 32768) == 32768  # its paged cache keeps every position
+    # a context inside the window holds everything, windowed or not
+    assert memory.kv_tokens(s, lcpp, 1000) == 1000
+    # the decode step reads the held K/V: at a 30k prompt, a windowed model's step is cheaper
+    plain = dict(row, model={"name": "gemma-3-27b-it", "n_layers": 62})
+    b = roofline.analyse(s)
+    full = per_token * (30000 + 64)
+    assert b.bytes_per_step < memory.active_weight_bytes(s, lcpp) + 0.3 * full
+    assert b.bytes_per_step > memory.active_weight_bytes(s, lcpp) + 0.1 * full
+    assert parse_row(plain).model.sliding_layers == 52  # shape fields keep the window
+    # prompt attention: llama.cpp's 512-token calls meet the window cache, HF's one masked
+    # call computes every pair
+    body = 2 * (s.model.params_b * 1e9 - memory.embedding_params(s)) * 30000 \
+        + 2 * memory.embedding_params(s)
+    full_attn = 4.0 * 62 * 30000 * 15000 * 32 * 128
+    assert b.prefill_flops - body == pytest.approx(
+        full_attn * (10 * 15000 + 52 * 1536) / (62 * 15000), rel=1e-6)
+    hf_row = parse_row(dict(row, engine="hf-transformers"))
+    assert roofline.analyse(hf_row).prefill_flops - body == pytest.approx(full_attn, rel=1e-6)
+    from tightfit.predictor.scenario import RowError
+    with pytest.raises(RowError, match="model.sliding_layers"):
+        parse_row(dict(row, model={"name": "gemma-3-27b-it", "sliding_layers": 63}))
+    mine = parse_row(dict(row, model={"name": "my-model", "params_b": 7, "n_layers": 32,
+                                       "hidden_size": 4096, "sliding_window": 4096,
+                                       "sliding_layers": 16}))
+    assert memory.kv_tokens(mine, lcpp, 32768) == pytest.approx((16 * 32768 + 16 * 4608) / 32)
+    # gpt-oss-20b: half its 24 layers on a 128-token window
+    row["model"] = {"name": "gpt-oss-20b"}
+    row["quant"] = "MXFP4"
+    s = parse_row(row)
+    lcpp = engines.profile("llama.cpp", s.device.device_class, s.quant)
+    assert memory.kv_tokens(s, lcpp, 32768) == pytest.approx((12 * 32768 + 12 * 640) / 24)
+
+
+def test_llama_cpp_reserves_a_full_call_of_logits_on_a_gpu(row) -> None:
+    """llama.cpp sizes its compute buffer for a 512-token call with every position's logits:
+    for a 262k vocabulary 512 MiB (its log for Gemma 3 270M: 514.50 MiB), device memory on a
+    GPU; on a CPU the pages stay untouched and the RSS never holds them."""
+    row["model"] = {"name": "gemma-3-270m"}
+    row["workload"] = {"prompt_tokens": 64, "gen_tokens": 64, "batch": 1, "context_tokens": 4096}
+    gpu = parse_row(row)
+    prof = engines.profile("llama.cpp", "discrete_gpu", gpu.quant)
+    assert memory.buffer_bytes(gpu, prof) >= 512 * 2 ** 20
+    row["hardware"] = {"name": "EPYC 7763"}
+    cpu = parse_row(row)
+    assert memory.buffer_bytes(cpu, engines.profile("llama.cpp", "cpu", cpu.quant)) < 100 * 2 ** 20
+    tf = engines.profile("tightfit", "discrete_gpu", gpu.quant)
+    assert memory.buffer_bytes(gpu, tf) < 100 * 2 ** 20  # its own chunk's activations only
 
 
 def test_llama_cpp_prompt_kernels_on_a_cpu_by_stored_format() -> None:

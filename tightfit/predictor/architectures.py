@@ -31,6 +31,10 @@ class ModelSpec:
     # per-layer embeddings (Gemma 3n / Gemma 4 "E" models): a [vocab, layers x 256] table of
     # which each token reads one row (llama.cpp: ggml_get_rows); in params_b, never multiplied
     per_layer_embed_params_b: float = 0.0
+    # local attention: `sliding_layers` of the layers attend to the last `sliding_window`
+    # tokens only (Gemma 2/3/4, gpt-oss, Command R7B; Llama 4's 8192-token chunks as a window)
+    sliding_window: int = 0
+    sliding_layers: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -56,10 +60,12 @@ class ModelSpec:
 
 def _m(name: str, p: float, layers: int, hidden: int, heads: int, kv: int, vocab: int,
        inter: int, active: float | None = None, head_dim: int | None = None,
-       experts: float | None = None, ple: float = 0.0, tied: bool | None = None) -> ModelSpec:
+       experts: float | None = None, ple: float = 0.0, tied: bool | None = None,
+       swa: tuple[int, int] = (0, 0)) -> ModelSpec:
     return ModelSpec(name, p, active if active is not None else p, layers, hidden, heads, kv,
                      vocab, inter, head_dim or hidden // heads, tied_embeddings=tied,
-                     expert_params_b=experts, per_layer_embed_params_b=ple)
+                     expert_params_b=experts, per_layer_embed_params_b=ple,
+                     sliding_window=swa[0], sliding_layers=swa[1])
 
 
 # Public configuration values of common open models (parameters in billions, embeddings included;
@@ -95,26 +101,34 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("qwen3-32b", 32.8, 64, 5120, 64, 8, 151936, 25600, head_dim=128),
     _m("qwen3-30b-a3b", 30.5, 48, 2048, 32, 4, 151936, 768, active=3.3, head_dim=128),
     _m("qwen3-coder-next", 80.0, 48, 2048, 16, 2, 151936, 512, active=3.0, head_dim=256),
-    _m("gemma-2-2b", 2.61, 26, 2304, 8, 4, 256000, 9216, head_dim=256, tied=True),
-    _m("gemma-2-9b", 9.24, 42, 3584, 16, 8, 256000, 14336, head_dim=256, tied=True),
-    _m("gemma-2-27b", 27.2, 46, 4608, 32, 16, 256000, 36864, head_dim=128, tied=True),
-    _m("gemma-3-270m", 0.268, 18, 640, 4, 1, 262144, 2048, head_dim=256, tied=True),
-    _m("gemma-3-1b", 1.00, 26, 1152, 4, 1, 262144, 6912, head_dim=256, tied=True),
-    _m("gemma-3-4b", 3.88, 34, 2560, 8, 4, 262208, 10240, head_dim=256, tied=True),
-    _m("gemma-3-12b", 12.2, 48, 3840, 16, 8, 262208, 15360, head_dim=256, tied=True),
-    _m("gemma-3-27b", 27.4, 62, 5376, 32, 16, 262208, 21504, head_dim=128, tied=True),
+    _m("gemma-2-2b", 2.61, 26, 2304, 8, 4, 256000, 9216, head_dim=256, tied=True, swa=(4096, 13)),
+    _m("gemma-2-9b", 9.24, 42, 3584, 16, 8, 256000, 14336, head_dim=256, tied=True,
+       swa=(4096, 21)),
+    _m("gemma-2-27b", 27.2, 46, 4608, 32, 16, 256000, 36864, head_dim=128, tied=True,
+       swa=(4096, 23)),
+    _m("gemma-3-270m", 0.268, 18, 640, 4, 1, 262144, 2048, head_dim=256, tied=True, swa=(512, 15)),
+    _m("gemma-3-1b", 1.00, 26, 1152, 4, 1, 262144, 6912, head_dim=256, tied=True, swa=(512, 22)),
+    _m("gemma-3-4b", 3.88, 34, 2560, 8, 4, 262208, 10240, head_dim=256, tied=True, swa=(1024, 29)),
+    _m("gemma-3-12b", 12.2, 48, 3840, 16, 8, 262208, 15360, head_dim=256, tied=True,
+       swa=(1024, 40)),
+    _m("gemma-3-27b", 27.4, 62, 5376, 32, 16, 262208, 21504, head_dim=128, tied=True,
+       swa=(1024, 52)),
     # "E" models: per-layer embeddings of 262144 x (layers x 256), one row looked up a token
     # (ple; Gemma 3n E2B 2.01B, E4B 2.35B). Gemma 3n is left without: its two measured rows
-    # (llama.cpp, M4 Pro and RX 7900 XT) run at 0.52 / 0.35 of the rate its streamed bytes
-    # allow, against 0.74 / 0.48 for Gemma 4 E4B on the same machines (its AltUp / LAuReL
-    # blocks, not modelled, cost the time); counting the table as streamed stands in for that.
+    # (llama.cpp, M4 Pro and RX 7900 XT) stream the bytes it needs with the table looked up at
+    # 0.42 / 0.25 of peak bandwidth, Gemma 4 E4B at 0.58 / 0.38 on the same machines (its
+    # AltUp / LAuReL blocks, not modelled, cost the time); counting the table as streamed
+    # stands in for that. Its attention pattern is not modelled either (no window here).
     _m("gemma-3n-e2b", 4.5, 30, 2048, 8, 2, 262400, 8192, head_dim=256, tied=True),
     _m("gemma-3n-e4b", 6.9, 35, 2048, 8, 2, 262400, 16384, head_dim=256, tied=True),
     # Gemma 4 E2B / E4B: 2.3B / 4.5B "effective" (without embeddings), 5.1B / 8B with them;
-    # layers as llama.cpp's gemma4 loader types them (35, 42); shared-KV layers and the
-    # 512-token sliding window are not modelled (KV over-counted at long contexts)
-    _m("gemma-4-e2b", 5.1, 35, 1536, 8, 1, 262144, 12288, head_dim=256, ple=2.35, tied=True),
-    _m("gemma-4-e4b", 8.0, 42, 2560, 8, 2, 262144, 10240, head_dim=256, ple=2.82, tied=True),
+    # layers as llama.cpp's gemma4 loader types them (35, 42); 5 of 6 layers on a 512-token
+    # window (the config's default pattern); the layers that share K/V are not modelled (KV
+    # over-counted)
+    _m("gemma-4-e2b", 5.1, 35, 1536, 8, 1, 262144, 12288, head_dim=256, ple=2.35, tied=True,
+       swa=(512, 29)),
+    _m("gemma-4-e4b", 8.0, 42, 2560, 8, 2, 262144, 10240, head_dim=256, ple=2.82, tied=True,
+       swa=(512, 35)),
     _m("phi-3-mini", 3.82, 32, 3072, 32, 32, 32064, 8192),
     _m("phi-3.5-mini", 3.82, 32, 3072, 32, 32, 32064, 8192),
     _m("phi-3-medium", 14.0, 40, 5120, 40, 10, 32064, 17920),
@@ -128,14 +142,15 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("deepseek-coder-v2-lite", 15.7, 27, 2048, 16, 16, 102400, 1408, active=2.4, head_dim=128),
     # routed experts: layers x experts x 3 matrices of 2880 x 2880 (32 experts / 128 experts)
     _m("gpt-oss-20b", 20.9, 24, 2880, 64, 8, 201088, 2880, active=3.6, head_dim=64,
-       experts=19.11),
+       experts=19.11, swa=(128, 12)),
     _m("gpt-oss-120b", 117.0, 36, 2880, 64, 8, 201088, 2880, active=5.1, head_dim=64,
-       experts=114.66),
+       experts=114.66, swa=(128, 18)),
     # mixtures of experts (intermediate = one expert's width)
     _m("mixtral-8x7b", 46.7, 32, 4096, 32, 8, 32000, 14336, active=12.9, experts=45.1),
     _m("mixtral-8x22b", 140.6, 56, 6144, 48, 8, 32768, 16384, active=39.1, experts=135.3),
-    _m("llama-4-scout-17b-16e", 108.6, 48, 5120, 40, 8, 202048, 8192, active=17.2),
-    _m("llama-4-maverick-17b-128e", 401.6, 48, 5120, 40, 8, 202048, 8192, active=17.2),
+    _m("llama-4-scout-17b-16e", 108.6, 48, 5120, 40, 8, 202048, 8192, active=17.2, swa=(8192, 36)),
+    _m("llama-4-maverick-17b-128e", 401.6, 48, 5120, 40, 8, 202048, 8192, active=17.2,
+       swa=(8192, 36)),
     _m("qwen3-235b-a22b", 235.1, 94, 4096, 64, 4, 151936, 1536, active=22.2, head_dim=128),
     _m("glm-4.5-air", 106.9, 46, 4096, 96, 8, 151552, 1408, active=12.0, head_dim=128),
     _m("glm-4.5", 355.0, 92, 5120, 96, 8, 151552, 1536, active=32.0, head_dim=128),
@@ -160,7 +175,7 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("exaone-3.5-7.8b", 7.82, 32, 4096, 32, 8, 102400, 14336),
     _m("aya-expanse-8b", 8.03, 32, 4096, 32, 8, 256000, 14336),
     _m("aya-expanse-32b", 32.3, 40, 8192, 64, 8, 256000, 24576),
-    _m("c4ai-command-r7b", 8.03, 32, 4096, 32, 8, 256000, 14336),
+    _m("c4ai-command-r7b", 8.03, 32, 4096, 32, 8, 256000, 14336, swa=(4096, 24)),
     # LFM2 / LFM2.5 (hybrid: 6 to 8 of the layers attend, the rest are short convolutions)
     _m("lfm2-350m", 0.354, 16, 1024, 16, 8, 65536, 4608),
     _m("lfm2-700m", 0.742, 16, 1536, 24, 8, 65536, 6912),

@@ -160,6 +160,19 @@ def _llmfit_observation(row: dict[str, str]) -> Observation | None:
                        "llmfit")
 
 
+def _with_known_attention(model: architectures.ModelSpec) -> architectures.ModelSpec:
+    """A measured run records the model's shape, not its attention pattern or head tying: take
+    them from the table entry of the same shape (the default Gemma 3 270M: 15 of 18 layers on a
+    512-token window, tied)."""
+    shape = (model.n_layers, model.hidden_size, model.n_kv_heads, model.vocab_size)
+    for known in architectures.KNOWN.values():
+        if (known.n_layers, known.hidden_size, known.n_kv_heads, known.vocab_size) == shape:
+            return replace(model, sliding_window=known.sliding_window,
+                           sliding_layers=known.sliding_layers,
+                           tied_embeddings=known.tied_embeddings)
+    return model
+
+
 def _impossible(obs: Observation) -> bool:
     s = obs.scenario
     streamed = s.model.active_params_b * 1e9 - memory.lookup_only_params(s)
@@ -272,9 +285,9 @@ def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:
         if engine is None:
             dropped[f"backend {c.backend}"] += 1
             continue
-        model = architectures.ModelSpec(
+        model = _with_known_attention(architectures.ModelSpec(
             md.name, md.params_b, md.params_b, md.n_layers, md.hidden_size, md.n_heads,
-            md.n_kv_heads, md.vocab_size, md.intermediate_size, md.head_dim)
+            md.n_kv_heads, md.vocab_size, md.intermediate_size, md.head_dim))
         quant = _own_quant(md.weight_format, md.file_format)
         bpw = formats.bits_per_weight(quant)
         prompt = int(w.prompt_tokens_mean)

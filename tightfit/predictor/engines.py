@@ -46,6 +46,9 @@ class EngineProfile:
     head_copy: bool = False  # holds the output head again in its compute format (tied or not)
     device_margin_mb: float = 0.0  # memory it leaves free on each discrete GPU when placing layers
     moe_bw_rel: float = 1.0  # share of bw_eff its decode reaches on a mixture-of-experts model
+    # K/V a sliding-window layer keeps: None = the whole context (no window cache); else the
+    # window plus this many tokens (llama.cpp: one prompt call, n_ubatch; HF: none)
+    kv_window_extra: int | None = None
 
 
 def keeps_quantised(prof: EngineProfile, quant: str) -> bool:
@@ -150,8 +153,10 @@ _GGML_STYLE: dict[str, Any] = dict(kv_dtype="f16", prompt_chunk=512, chunk_reads
 # MoE rows) -0.60, left at the same value. Held out by device (`tightfit predictor evaluate`,
 # 2026-12-05 09:09 UTC): decode MAPE 11.7% -> 11.6%, llmfit 14.8% -> 13.7%; the MoE rows alone
 # (one-off decode folds) 22.5% -> 15.1% (max 124% -> 87%) (docs/predictor.md).
+# kv_window_extra: llama.cpp's sliding-window layers hold n_swa + n_ubatch cells (512 by
+# default; llama_kv_cache_iswa, unless --swa-full).
 _LLAMA_CPP: dict[str, Any] = dict(_GGML_STYLE, reserves_chunk=True, fits_context_first=True,
-                                  moe_bw_rel=0.7)
+                                  moe_bw_rel=0.7, kv_window_extra=512)
 _TIGHTFIT: dict[str, Any] = dict(prompt_chunk=512, head_copy=True)
 
 
@@ -192,11 +197,13 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
         return EngineProfile(0.8 * COPY_OF_PEAK, 0.5, 0.33, 4e-4, 2e-5, 0.01, 58, 0, False,
                              "layer_split", tokenizer_bytes_per_token=315, attn_rel=0.65, **_GGML_STYLE)
     if engine == "hf-transformers":
+        # its DynamicCache keeps a sliding-window layer's last `sliding_window` tokens only
         if cpu:  # memory: `import torch, transformers` 239 MiB + ~160 MiB kept after loading
             # decode: its fp32 weights stream at ~0.35 of this machine's copy rate
             return EngineProfile(0.35 * COPY_OF_PEAK, 0.4, 0.4, 4e-3, 6e-4, 0.05, 400, 0, True,
-                                 "stream", tokenizer_bytes_per_token=300)
-        return EngineProfile(0.6, 0.5, 0.4, 4e-3, 4e-4, 0.05, 600, 500, True, "stream")
+                                 "stream", tokenizer_bytes_per_token=300, kv_window_extra=0)
+        return EngineProfile(0.6, 0.5, 0.4, 4e-3, 4e-4, 0.05, 600, 500, True, "stream",
+                             kv_window_extra=0)
     # tightfit: torch-based engine with packed quantised weights. Memory from component
     # measurements on this machine (docs/predictor.md): RSS after load minus the model's
     # tensors is 257 MiB (SmolLM2, 49k vocab) and 321 MiB (Gemma 3, 262k) in every format, so

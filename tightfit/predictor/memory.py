@@ -181,6 +181,23 @@ def active_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
     return (streamed_weight_bytes(s, prof) - lookup_only_bytes(s, prof)) * active / m.params_b
 
 
+def kv_tokens(s: Scenario, prof: EngineProfile, ctx: float) -> float:
+    """Context positions of K/V held (and read by a decode step), averaged over the layers, for
+    `ctx` tokens: a sliding-window layer keeps its window plus the engine's extra
+    (`kv_window_extra`) where the engine has a window cache, else the whole context."""
+    m = s.model
+    if prof.kv_window_extra is None or m.sliding_window <= 0 or m.sliding_layers <= 0:
+        return ctx
+    local = min(m.sliding_layers, m.n_layers)
+    kept = min(ctx, m.sliding_window + prof.kv_window_extra)
+    return ((m.n_layers - local) * ctx + local * kept) / m.n_layers
+
+
+def kv_bytes(s: Scenario, prof: EngineProfile, ctx: float) -> float:
+    """K/V bytes held for `ctx` tokens of each sequence in the batch."""
+    return kv_bytes_per_token(s, prof) * kv_tokens(s, prof, ctx) * s.workload.batch
+
+
 def kv_bytes_per_token(s: Scenario, prof: EngineProfile) -> float:
     dtype = s.workload.kv_dtype or prof.kv_dtype or (
         "fp16" if compute_dtype_bytes(s) == 2.0 else "fp32")
@@ -197,7 +214,14 @@ def buffer_bytes(s: Scenario, prof: EngineProfile) -> float:
     else:
         ubatch = max(min(w.prompt_tokens, chunk), 1)
     per_token = 4 * m.hidden_size + 2 * m.intermediate_size + m.n_heads * min(w.context_tokens, 4096)
-    return 4.0 * w.batch * ubatch * per_token + 4.0 * w.batch * m.vocab_size
+    act = 4.0 * w.batch * ubatch * per_token + 4.0 * w.batch * m.vocab_size
+    if prof.reserves_chunk and s.device.device_class == "discrete_gpu":
+        # llama.cpp reserves its graph for a full call with every position's logits, vocab x
+        # n_ubatch f32 (its log for Gemma 3 270M: "compute buffer size = 514.50 MiB", of which
+        # 512 MiB logits). In host memory those pages stay untouched (the measured RSS does not
+        # hold them); on a GPU the allocation is device memory.
+        act = max(act, 4.0 * ubatch * m.vocab_size)
+    return act
 
 
 def runtime_bytes(s: Scenario, prof: EngineProfile) -> float:
@@ -209,7 +233,7 @@ def runtime_bytes(s: Scenario, prof: EngineProfile) -> float:
 
 def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
     weights = held_weight_bytes(s, prof)
-    kv = kv_bytes_per_token(s, prof) * s.workload.context_tokens * s.workload.batch
+    kv = kv_bytes(s, prof, s.workload.context_tokens)
     buffers = buffer_bytes(s, prof)
     gpu = s.device.device_class == "discrete_gpu"
     runtime = runtime_bytes(s, prof)
@@ -222,8 +246,8 @@ def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
     fits_dev = peak <= capacity
     frac, host = 1.0, 0.0
     # llama.cpp shrinks its context to the request before it moves layers off the device.
-    kv_min = kv if not prof.fits_context_first else kv * min(
-        1.0, (s.workload.prompt_tokens + s.workload.gen_tokens) / max(s.workload.context_tokens, 1))
+    kv_min = kv if not prof.fits_context_first else kv_bytes(
+        s, prof, min(s.workload.context_tokens, s.workload.prompt_tokens + s.workload.gen_tokens))
     if not fits_dev and gpu:
         room = max(capacity - buffers - runtime - transient, 0.0)
         frac = min(1.0, room / max(weights + kv_min, 1.0))

@@ -61,12 +61,14 @@ class Breakdown:
 def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple[Phase, float, float]:
     m, w, d = s.model, s.workload, s.device
     ctx = w.prompt_tokens + w.gen_tokens / 2
-    kv_read = memory.kv_bytes_per_token(s, prof) * ctx * w.batch
+    kv_read = memory.kv_bytes(s, prof, ctx)
     weights = memory.active_weight_bytes(s, prof)
     step_bytes = weights + kv_read
     # the bytes as the engine's time sees them: an MoE's experts stream at moe_bw_rel
     timed_bytes = weights / (prof.moe_bw_rel if m.is_moe else 1.0) + kv_read
-    attn_flops = w.batch * 4.0 * m.n_layers * ctx * m.n_heads * m.head_dim
+    # attention over the positions held (a sliding-window layer's window, memory.kv_tokens)
+    keys = memory.kv_tokens(s, prof, ctx)
+    attn_flops = w.batch * 4.0 * m.n_layers * keys * m.n_heads * m.head_dim
     # every parameter a token meets is a multiply-add, but for an untied embedding's lookup
     flops = w.batch * 2 * (m.active_params_b * 1e9 - memory.lookup_only_params(s)) + attn_flops
     f = mem.device_fraction
@@ -99,7 +101,12 @@ def prefill_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tupl
     # looked up: in Gemma 3 270M the head is 63% of the parameters.
     head = memory.embedding_params(s)
     body = max(m.active_params_b * 1e9 - head - memory.lookup_only_params(s), 0.0)
-    flops = w.batch * (2 * body * p + 2 * head + 2.0 * m.n_layers * p * p * m.n_heads * m.head_dim)
+    # causal attention: p/2 keys a query on average; fewer on a windowed layer where the prompt
+    # runs in calls against a window cache (llama.cpp: memory.kv_tokens), not where it runs in
+    # one masked call (HF)
+    keys = memory.kv_tokens(s, prof, p / 2) if prof.prompt_chunk else p / 2
+    attn = 4.0 * m.n_layers * p * keys * m.n_heads * m.head_dim
+    flops = w.batch * (2 * body * p + 2 * head + attn)
     # llama.cpp and the lite runtime run a prompt in calls of <= 512 tokens, each reading the
     # weights once; the torch engine's chunks are counted in its efficiency instead
     ubatches = math.ceil(p / prof.prompt_chunk) if prof.chunk_reads_weights else 1
