@@ -364,6 +364,25 @@ def test_sliding_window_layers_hold_their_window_where_the_engine_has_a_window_c
     assert memory.kv_tokens(s, lcpp, 32768) == pytest.approx((12 * 32768 + 12 * 640) / 24)
 
 
+def test_a_hybrid_caches_k_and_v_for_its_attention_layers_only(row) -> None:
+    """Granite 4.0-H Small: 4 of its 40 layers attend (36 are Mamba-2); Qwen3-Next 12 of 48.
+    Their K/V, held and read, is that share of a dense model's of the same shape."""
+    row["hardware"] = {"name": "RTX 4090"}
+    row["workload"] = {"prompt_tokens": 1000, "gen_tokens": 100, "batch": 1,
+                       "context_tokens": 131072}
+    for name, share in (("granite-4.0-h-small", 4 / 40), ("Qwen3-Next-80B-A3B-Instruct", 12 / 48)):
+        row["model"] = {"name": name}
+        s = parse_row(row)
+        prof = engines.profile("llama.cpp", s.device.device_class, s.quant)
+        dense = memory.kv_bytes_per_token(s, prof) * 131072
+        assert memory.estimate(s, prof).kv_bytes == pytest.approx(share * dense), name
+        assert memory.kv_tokens(s, prof, 1000) == pytest.approx(1000 * share)
+    from tightfit.predictor.scenario import RowError
+    row["model"] = {"name": "granite-4.0-h-small", "attention_layers": 41}
+    with pytest.raises(RowError, match="model.attention_layers"):
+        parse_row(row)
+
+
 def test_llama_cpp_reserves_a_full_call_of_logits_on_a_gpu(row) -> None:
     """llama.cpp sizes its compute buffer for a 512-token call with every position's logits:
     for a 262k vocabulary 512 MiB (its log for Gemma 3 270M: 514.50 MiB), device memory on a

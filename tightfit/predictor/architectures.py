@@ -35,6 +35,9 @@ class ModelSpec:
     # tokens only (Gemma 2/3/4, gpt-oss, Command R7B; Llama 4's 8192-token chunks as a window)
     sliding_window: int = 0
     sliding_layers: int = 0
+    # hybrids: only this many layers attend and cache K/V (0: all); the others keep a fixed
+    # recurrent or convolution state, not counted (LFM2, Granite 4.0-H, Qwen3-Next)
+    attention_layers: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -61,11 +64,11 @@ class ModelSpec:
 def _m(name: str, p: float, layers: int, hidden: int, heads: int, kv: int, vocab: int,
        inter: int, active: float | None = None, head_dim: int | None = None,
        experts: float | None = None, ple: float = 0.0, tied: bool | None = None,
-       swa: tuple[int, int] = (0, 0)) -> ModelSpec:
+       swa: tuple[int, int] = (0, 0), attn: int = 0) -> ModelSpec:
     return ModelSpec(name, p, active if active is not None else p, layers, hidden, heads, kv,
                      vocab, inter, head_dim or hidden // heads, tied_embeddings=tied,
                      expert_params_b=experts, per_layer_embed_params_b=ple,
-                     sliding_window=swa[0], sliding_layers=swa[1])
+                     sliding_window=swa[0], sliding_layers=swa[1], attention_layers=attn)
 
 
 # Public configuration values of common open models (parameters in billions, embeddings included;
@@ -100,7 +103,8 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("qwen3-14b", 14.8, 40, 5120, 40, 8, 151936, 17408),
     _m("qwen3-32b", 32.8, 64, 5120, 64, 8, 151936, 25600, head_dim=128),
     _m("qwen3-30b-a3b", 30.5, 48, 2048, 32, 4, 151936, 768, active=3.3, head_dim=128),
-    _m("qwen3-coder-next", 80.0, 48, 2048, 16, 2, 151936, 512, active=3.0, head_dim=256),
+    _m("qwen3-coder-next", 80.0, 48, 2048, 16, 2, 151936, 512, active=3.0, head_dim=256,
+       attn=12),  # 3 Gated DeltaNet layers to 1 attention
     _m("gemma-2-2b", 2.61, 26, 2304, 8, 4, 256000, 9216, head_dim=256, tied=True, swa=(4096, 13)),
     _m("gemma-2-9b", 9.24, 42, 3584, 16, 8, 256000, 14336, head_dim=256, tied=True,
        swa=(4096, 21)),
@@ -165,7 +169,8 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("granite-3.1-8b", 8.17, 40, 4096, 32, 8, 49155, 12800),
     _m("granite-3.1-1b-a400m", 1.33, 24, 1024, 16, 8, 49155, 512, active=0.4),
     _m("granite-3.1-3b-a800m", 3.3, 32, 1536, 24, 8, 49155, 512, active=0.8),
-    _m("granite-4.0-h-small", 32.0, 40, 4096, 32, 8, 100352, 1536, active=9.0),
+    _m("granite-4.0-h-small", 32.0, 40, 4096, 32, 8, 100352, 1536, active=9.0,
+       attn=4),  # 36 Mamba-2 layers
     _m("internlm3-8b", 8.8, 48, 4096, 32, 2, 128512, 10240),
     _m("yi-1.5-9b", 8.83, 48, 4096, 32, 4, 64000, 11008),
     _m("yi-1.5-34b", 34.4, 60, 7168, 56, 8, 64000, 20480),
@@ -177,11 +182,11 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("aya-expanse-32b", 32.3, 40, 8192, 64, 8, 256000, 24576),
     _m("c4ai-command-r7b", 8.03, 32, 4096, 32, 8, 256000, 14336, swa=(4096, 24)),
     # LFM2 / LFM2.5 (hybrid: 6 to 8 of the layers attend, the rest are short convolutions)
-    _m("lfm2-350m", 0.354, 16, 1024, 16, 8, 65536, 4608),
-    _m("lfm2-700m", 0.742, 16, 1536, 24, 8, 65536, 6912),
-    _m("lfm2-1.2b", 1.17, 16, 2048, 32, 8, 65536, 8192),
-    replace(_m("lfm2-2.6b", 2.57, 30, 2048, 32, 8, 65536, 10752), tied_embeddings=True),
-    _m("lfm2-8b-a1b", 8.3, 24, 2048, 32, 8, 65536, 1792, active=1.5),
+    _m("lfm2-350m", 0.354, 16, 1024, 16, 8, 65536, 4608, attn=6),
+    _m("lfm2-700m", 0.742, 16, 1536, 24, 8, 65536, 6912, attn=6),
+    _m("lfm2-1.2b", 1.17, 16, 2048, 32, 8, 65536, 8192, attn=6),
+    _m("lfm2-2.6b", 2.57, 30, 2048, 32, 8, 65536, 10752, tied=True, attn=8),
+    _m("lfm2-8b-a1b", 8.3, 24, 2048, 32, 8, 65536, 1792, active=1.5, attn=6),
     _m("ernie-4.5-21b-a3b", 21.8, 28, 2560, 20, 4, 103424, 1536, active=3.0),
     _m("ernie-4.5-0.3b", 0.36, 18, 1024, 16, 2, 103424, 3072),
     _m("phi-4-reasoning-plus", 14.7, 40, 5120, 40, 10, 100352, 17920),

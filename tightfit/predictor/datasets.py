@@ -169,6 +169,7 @@ def _with_known_attention(model: architectures.ModelSpec) -> architectures.Model
         if (known.n_layers, known.hidden_size, known.n_kv_heads, known.vocab_size) == shape:
             return replace(model, sliding_window=known.sliding_window,
                            sliding_layers=known.sliding_layers,
+                           attention_layers=known.attention_layers,
                            tied_embeddings=known.tied_embeddings)
     return model
 

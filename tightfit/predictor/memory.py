@@ -183,14 +183,16 @@ def active_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
 
 def kv_tokens(s: Scenario, prof: EngineProfile, ctx: float) -> float:
     """Context positions of K/V held (and read by a decode step), averaged over the layers, for
-    `ctx` tokens: a sliding-window layer keeps its window plus the engine's extra
-    (`kv_window_extra`) where the engine has a window cache, else the whole context."""
+    `ctx` tokens: a hybrid's non-attention layers hold none (`attention_layers`), a
+    sliding-window layer keeps its window plus the engine's extra (`kv_window_extra`) where
+    the engine has a window cache, every other layer the whole context."""
     m = s.model
+    attn = min(m.attention_layers or m.n_layers, m.n_layers)
     if prof.kv_window_extra is None or m.sliding_window <= 0 or m.sliding_layers <= 0:
-        return ctx
-    local = min(m.sliding_layers, m.n_layers)
+        return ctx * attn / m.n_layers
+    local = min(m.sliding_layers, attn)
     kept = min(ctx, m.sliding_window + prof.kv_window_extra)
-    return ((m.n_layers - local) * ctx + local * kept) / m.n_layers
+    return ((attn - local) * ctx + local * kept) / m.n_layers
 
 
 def kv_bytes(s: Scenario, prof: EngineProfile, ctx: float) -> float:

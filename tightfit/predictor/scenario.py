@@ -184,7 +184,8 @@ def _local_profile() -> DeviceSpec:
 
 _MODEL_INT_FIELDS = {"n_layers": 4096, "hidden_size": 1_000_000, "intermediate_size": 10_000_000,
                      "n_heads": 4096, "n_kv_heads": 4096, "vocab_size": 10_000_000,
-                     "head_dim": 4096, "sliding_window": 10_000_000, "sliding_layers": 4096}
+                     "head_dim": 4096, "sliding_window": 10_000_000, "sliding_layers": 4096,
+                     "attention_layers": 4096}
 
 
 def _model(m: dict[str, Any]) -> tuple[ModelSpec, float, list[str]]:
@@ -214,9 +215,10 @@ def _model(m: dict[str, Any]) -> tuple[ModelSpec, float, list[str]]:
     spec = replace(spec, shape_known=known, **updates)
     if spec.n_kv_heads > spec.n_heads:
         raise RowError("model.n_kv_heads", f"{spec.n_kv_heads} exceeds n_heads {spec.n_heads}")
-    if spec.sliding_layers > spec.n_layers:
-        raise RowError("model.sliding_layers",
-                       f"{spec.sliding_layers} exceeds n_layers {spec.n_layers}")
+    for field in ("sliding_layers", "attention_layers"):
+        if getattr(spec, field) > spec.n_layers:
+            raise RowError(f"model.{field}",
+                           f"{getattr(spec, field)} exceeds n_layers {spec.n_layers}")
     notes = [] if known else ["model shape estimated from its size"]
     return spec, 1.0 if known else 1.15, notes
 
