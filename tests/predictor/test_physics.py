@@ -377,6 +377,10 @@ def test_a_hybrid_caches_k_and_v_for_its_attention_layers_only(row) -> None:
         dense = memory.kv_bytes_per_token(s, prof) * 131072
         assert memory.estimate(s, prof).kv_bytes == pytest.approx(share * dense), name
         assert memory.kv_tokens(s, prof, 1000) == pytest.approx(1000 * share)
+    # DeepSeek-Coder-V2-Lite attends through MLA: llama.cpp caches 512 + 64 values a layer
+    row["model"] = {"name": "DeepSeek-Coder-V2-Lite-Instruct-Q4_K_M.gguf"}
+    s = parse_row(row)
+    assert memory.kv_bytes_per_token(s, engines.profile("llama.cpp", "discrete_gpu")) == 27 * 576 * 2
     from tightfit.predictor.scenario import RowError
     row["model"] = {"name": "granite-4.0-h-small", "attention_layers": 41}
     with pytest.raises(RowError, match="model.attention_layers"):

@@ -143,7 +143,8 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("mistral-small-24b", 23.6, 40, 5120, 32, 8, 131072, 32768, head_dim=128),
     _m("ministral-8b", 8.02, 36, 4096, 32, 8, 131072, 12288),
     _m("codestral-22b", 22.2, 56, 6144, 48, 8, 32768, 16384),
-    _m("deepseek-coder-v2-lite", 15.7, 27, 2048, 16, 16, 102400, 1408, active=2.4, head_dim=128),
+    # MLA as llama.cpp caches it (512 + 64 values a layer and token), as DeepSeek V3 below
+    _m("deepseek-coder-v2-lite", 15.7, 27, 2048, 16, 1, 102400, 1408, active=2.4, head_dim=288),
     # routed experts: layers x experts x 3 matrices of 2880 x 2880 (32 experts / 128 experts)
     _m("gpt-oss-20b", 20.9, 24, 2880, 64, 8, 201088, 2880, active=3.6, head_dim=64,
        experts=19.11, swa=(128, 12)),
