@@ -115,6 +115,23 @@ def test_a_cpu_run_on_more_threads_is_predicted_faster_in_decode() -> None:
     assert two["decode_tok_s"] > 1.35 * one["decode_tok_s"]
 
 
+def test_two_crosses_sharing_a_part_keep_it_once() -> None:
+    """y = a x c + b x c with c alone worth nothing: both crosses are found, and c, brought in by
+    each, is one column of the fit (it was two, a fit unlike the one CV had scored)."""
+    rng = random.Random(1)
+    rows, y, groups = [], [], []
+    for i in range(300):
+        f = {"a": rng.gauss(0, 1), "b": rng.gauss(0, 1), "c": rng.gauss(0, 1)}
+        rows.append(f)
+        y.append(0.6 * f["a"] * f["c"] + 0.6 * f["b"] * f["c"] + 0.3 * f["a"]
+                 + rng.gauss(0, 0.05))
+        groups.append(f"g{i % 12}")
+    sel = screening.select(rows, y, groups, ["a", "b", "c"], "decode")
+    pairs = {frozenset(p) for p in sel.crosses}
+    assert {frozenset(("a", "c")), frozenset(("b", "c"))} <= pairs
+    assert len(sel.kept) == len(set(sel.kept)) and "c" in sel.kept
+
+
 def test_features_named_always_survive_screening() -> None:
     """The residual is keyed by engine: an engine flag that device-grouped CV cannot judge (here
     pure noise, so its sensitivity is near zero) is still kept when named in `always`."""

@@ -87,7 +87,9 @@ def select(rows: Sequence[dict[str, float]], y: Sequence[float], groups: Sequenc
     crosses, gains = _add_crosses(rows, y, groups, kept, list(candidates), sens, phase, weights,
                                   cv, min_gain, max_gap_growth, max_crosses)
     # A cross brings its parts: a feature with no main effect may still matter in a product.
-    kept = kept + [n for pair in crosses for n in pair if n not in kept]
+    # Once each: two crosses sharing a part (a x c, b x c) added c twice, a duplicated column
+    # the final fit had and the CV that chose the crosses (deduplicated below) had not.
+    kept = list(dict.fromkeys(kept + [n for pair in crosses for n in pair]))
     final_cv = cv + sum(gains[f"{a}*{b}"] for a, b in crosses)
     return Selection(tuple(kept), tuple(crosses), threshold, sens, gains, final_cv)
 
