@@ -29,9 +29,14 @@ class LlamaCppBackend(Backend):
     def load(self) -> None:
         path = native_file(self.options, "the llamacpp backend")
         t0 = time.perf_counter()
+        # swa_full=False: a sliding-window layer keeps window + n_batch cells, as llama.cpp's
+        # own tools (llama-server, llama-cli, llama-bench) do; the Python binding's default
+        # (llama_context_default_params) keeps the whole context for them (Gemma 3 270M at a
+        # 32k context: 480 vs 15 MiB of K/V on those layers, docs/predictor.md)
         self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=self.options.max_model_len,
                                    n_batch=512, n_threads=self.options.threads,
-                                   n_threads_batch=self.options.threads, verbose=False)
+                                   n_threads_batch=self.options.threads, swa_full=False,
+                                   verbose=False)
         self.load_time_s = time.perf_counter() - t0
         self.file_bytes = path.stat().st_size
 
