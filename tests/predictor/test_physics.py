@@ -331,6 +331,9 @@ def test_sliding_window_layers_hold_their_window_where_the_engine_has_a_window_c
     assert memory.kv_tokens(s, hf, 32768) == pytest.approx((10 * 32768 + 52 * 1024) / 62)
     tf = engines.profile("tightfit", s.device.device_class, s.quant)
     assert memory.kv_tokens(s, tf, 32768) == 32768  # its paged cache keeps every position
+    assert any("52 of 62 layers held for a 1024-token window" in n for n in s.notes)
+    tf_row = parse_row(dict(row, engine="tightfit", quant="int4-g64"))
+    assert any("keeps every position's K/V on the 52 layers" in n for n in tf_row.notes)
     # a context inside the window holds everything, windowed or not
     assert memory.kv_tokens(s, lcpp, 1000) == 1000
     # the decode step reads the held K/V: at a 30k prompt, a windowed model's step is cheaper
@@ -377,6 +380,7 @@ def test_a_hybrid_caches_k_and_v_for_its_attention_layers_only(row) -> None:
         dense = memory.kv_bytes_per_token(s, prof) * 131072
         assert memory.estimate(s, prof).kv_bytes == pytest.approx(share * dense), name
         assert memory.kv_tokens(s, prof, 1000) == pytest.approx(1000 * share)
+        assert any("a hybrid" in n for n in s.notes)
     # DeepSeek-Coder-V2-Lite attends through MLA: llama.cpp caches 512 + 64 values a layer
     row["model"] = {"name": "DeepSeek-Coder-V2-Lite-Instruct-Q4_K_M.gguf"}
     s = parse_row(row)

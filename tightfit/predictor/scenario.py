@@ -86,7 +86,28 @@ def parse_row(row: Any) -> Scenario:
                      " linear layers as stored, embedding and head in the compute dtype; its"
                      " speed with them is not measured here and is taken as with float weights")
         widen *= 1.5
+    notes += _kv_notes(model, profile(engine, device.device_class).kv_window_extra,
+                       workload.context_tokens)
     return Scenario(str(rid), device, model, quant, bpw, engine, workload, widen, tuple(notes))
+
+
+def _kv_notes(m: ModelSpec, window_extra: int | None, context: int) -> list[str]:
+    """Say when a model's attention pattern changes the K/V counted (memory.kv_tokens)."""
+    notes = []
+    attn = min(m.attention_layers or m.n_layers, m.n_layers)
+    if attn < m.n_layers:
+        notes.append(f"K/V for the {attn} attention layers of {m.n_layers} (a hybrid: the "
+                     "others keep a fixed state, not counted)")
+    local = min(m.sliding_layers, attn)
+    if m.sliding_window > 0 and local > 0 and context > m.sliding_window:
+        if window_extra is None:
+            notes.append(f"this engine keeps every position's K/V on the {local} layers that "
+                         f"attend to a {m.sliding_window}-token window")
+        else:
+            notes.append(f"K/V of {local} of {m.n_layers} layers held for a "
+                         f"{m.sliding_window}-token window (+{window_extra} cells), not the "
+                         f"{context}-token context")
+    return notes
 
 
 def _section(row: dict[str, Any], name: str) -> dict[str, Any]:
