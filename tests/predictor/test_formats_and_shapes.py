@@ -205,3 +205,46 @@ def test_ollama_tags_take_the_table_shape(tag: str, table_key: str) -> None:
     m, want = architectures.lookup(tag), architectures.KNOWN[table_key]
     assert m is not None and (m.params_b, m.active_params_b, m.n_layers) == \
         (want.params_b, want.active_params_b, want.n_layers)
+
+
+def test_k_quant_widths_off_the_256_block_take_the_quantizers_fallback(row) -> None:
+    """llama.cpp stores a tensor whose rows are not whole 256-weight blocks in a 32-block type
+    (Q4_K -> Q5_0, Q6_K -> Q8_0): Gemma 3 270M's Q4_K_M file (hidden 640) holds 65% of its
+    body that way, 5.43 bits a weight by its tensor list; Llama 3 8B (4096) none."""
+    from tightfit.predictor import formats
+    from tightfit.predictor.scenario import parse_row, stored_bits
+
+    row["model"] = {"name": "gemma-3-270m"}
+    s = parse_row(row)
+    assert 5.3 < s.bits_per_weight < 5.5
+    assert formats.shape_fallback_share(640, 1024, 256, 2048) == pytest.approx(
+        640 * (1024 + 512 + 4096) / (640 * (1024 + 512 + 4096) + 1024 * 640 + 2048 * 640))
+    row["model"] = {"name": "Meta-Llama-3-8B"}
+    assert parse_row(row).bits_per_weight == formats.bits_per_weight("Q4_K_M")
+    row["model"] = {"name": "gemma-3-270m"}
+    row["quant"] = "Q4_0"  # already a 32-block type: nothing to fall back from
+    assert parse_row(row).bits_per_weight == 4.5
+    row["quant"] = "Q6_K"
+    assert parse_row(row).bits_per_weight > 7.5
+    # an estimated shape is not trusted with this
+    from tightfit.predictor import architectures
+    assert stored_bits("q4_k_m", architectures.estimate_shape("x", 0.3)) == 4.85
+
+
+def test_fallback_bits_match_the_real_gemma_3_270m_file(row) -> None:
+    """The packaged Gemma 3 270M Q4_K_M file, tensor by tensor: its decoder weights (all but the
+    token embedding) average the bits the predictor now gives the model, within 3%."""
+    gguf = pytest.importorskip("gguf")
+    from tightfit.engine.loader.resolve import resolve_model
+    from tightfit.predictor.scenario import parse_row
+
+    reader = gguf.GGUFReader(str(resolve_model("gemma3")))
+    n = bits = 0.0
+    for t in reader.tensors:
+        if t.name == "token_embd.weight" or len(t.shape) < 2:
+            continue
+        n += int(t.n_elements)
+        bits += 8.0 * int(t.n_bytes)
+    row["model"] = {"name": "gemma-3-270m"}
+    assert parse_row(row).bits_per_weight == pytest.approx(bits / n, rel=0.03)
+    assert bits / n > 4.85 * 1.08  # the preset's average would be 10% short

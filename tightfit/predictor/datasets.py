@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tightfit.predictor import architectures, formats, hardware, memory
 from tightfit.predictor.hardware import DeviceSpec
-from tightfit.predictor.scenario import Scenario, Workload
+from tightfit.predictor.scenario import Scenario, Workload, stored_bits
 
 APPLE_FILE = "llamacpp_4167_apple_silicon_llama2_7b.tsv"
 LLMFIT_FILE = "llmfit_community_benchmarks.tsv"
@@ -78,7 +78,7 @@ def load_apple(directory: Path | None = None) -> list[Observation]:
                                     ("decode_tok_s", f"{quant}_tg128_tps", Workload(0, 128, 1, 128))):
                 if row.get(col):
                     sc = Scenario(f"apple-{row['chip']}-{row['gpu_cores']}-{quant}-{metric}", device,
-                                  model, quant, formats.bits_per_weight(quant), "llama.cpp", wl)
+                                  model, quant, stored_bits(quant, model), "llama.cpp", wl)
                     out.append(Observation(sc, metric, float(row[col]), key, "llama-2-7b", "apple"))
     return out
 
@@ -91,7 +91,7 @@ def load_design(directory: Path | None = None) -> list[Observation]:
         assert device is not None and model is not None, row
         wl = Workload(int(row["prompt_tokens"]), int(row["gen_tokens"]), 1, int(row["context_tokens"]))
         sc = Scenario(f"design-{i}", device, model, row["quant"],
-                      formats.bits_per_weight(row["quant"]), row["engine"], wl)
+                      stored_bits(row["quant"], model), row["engine"], wl)
         value = float(row["value"]) * (1e9 / 2**30 if row["metric"] == "peak_memory_gb" else 1.0)
         out.append(Observation(sc, row["metric"], value, hardware.normalise_name(device.name),
                                model_key(row["model"]), "design"))
@@ -154,7 +154,7 @@ def _llmfit_observation(row: dict[str, str]) -> Observation | None:
         return None
     gen = int(float(row["avg_output_tokens"]))
     sc = Scenario(f"llmfit-{row['source_file']}-{row['model_file']}", device, model, quant,
-                  formats.bits_per_weight(quant), "llama.cpp", Workload(64, gen, 1, 4096))
+                  stored_bits(quant, model), "llama.cpp", Workload(64, gen, 1, 4096))
     return Observation(sc, "decode_tok_s", float(row["avg_decode_tps"]),
                        hardware.normalise_name(row["hardware_name"]), model_key(row["model_file"]),
                        "llmfit")
@@ -290,7 +290,7 @@ def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:
             md.name, md.params_b, md.params_b, md.n_layers, md.hidden_size, md.n_heads,
             md.n_kv_heads, md.vocab_size, md.intermediate_size, md.head_dim))
         quant = _own_quant(md.weight_format, md.file_format)
-        bpw = formats.bits_per_weight(quant)
+        bpw = stored_bits(quant, model)
         prompt = int(w.prompt_tokens_mean)
         gen = max(1, int(r.output_tokens_total or 1))
         wl = Workload(prompt, gen, 1, prompt + gen)

@@ -74,6 +74,42 @@ def bits_per_weight(name: str) -> float:
     return BITS_PER_WEIGHT[key]
 
 
+# llama.cpp's quantizer (`tensor_type_fallback` in llama-quant.cpp) stores a tensor whose rows
+# are not a whole number of 256-weight blocks in a 32-block type instead: Q4_K -> Q5_0, Q5_K ->
+# Q5_1, Q6_K -> Q8_0, Q2_K / Q3_K -> Q4_0, the 256-block IQ types -> IQ4_NL. The bits the
+# affected tensors of a preset take then (Q4_K_M / Q5_K_M: their Q6_K tensors go to Q8_0 too).
+_K_FALLBACK_BITS: dict[str, float] = {
+    "q4_k": 5.5, "q4_k_s": 5.5, "q4_k_m": 5.6, "q4_k_l": 5.8, "q4_k_xl": 5.7,
+    "q5_k": 6.0, "q5_k_s": 6.0, "q5_k_m": 6.1, "q6_k": 8.5,
+    "q3_k": 4.5, "q3_k_s": 4.5, "q3_k_m": 4.5, "q3_k_l": 4.6,
+    "q2_k": 4.5, "q2_k_s": 4.5, "q2_k_m": 4.5, "q2_k_xl": 4.5,
+    "iq4_xs": 4.5, "iq3_s": 4.5, "iq3_m": 4.5, "iq3_xxs": 4.5, "iq2_xxs": 4.5, "iq2_xs": 4.5,
+    "iq2_s": 4.5, "iq2_m": 4.5, "iq1_s": 4.5, "iq1_m": 4.5,
+}
+
+
+def shape_fallback_share(hidden: int, q_out: int, kv_out: int, inter: int) -> float:
+    """Share of a decoder layer's weights in tensors whose rows (input features) are not a
+    multiple of 256: Q, K, V, gate and up read `hidden` features, the output projection
+    `q_out`, down `inter`."""
+    reads_hidden = hidden * (q_out + 2 * kv_out + 2 * inter)
+    reads_q, reads_inter = q_out * hidden, inter * hidden
+    total = reads_hidden + reads_q + reads_inter
+    affected = (reads_hidden * (hidden % 256 != 0) + reads_q * (q_out % 256 != 0)
+                + reads_inter * (inter % 256 != 0))
+    return affected / total if total else 0.0
+
+
+def bits_for_shape(name: str, bits: float, share: float) -> float:
+    """Average stored bits of a GGUF preset once `share` of the weights take the quantizer's
+    32-block fallback (Gemma 3 270M Q4_K_M, hidden 640: 65% of the body in Q5_0 / Q8_0, 5.43
+    bits a weight in the file against the preset's 4.85)."""
+    fallback = _K_FALLBACK_BITS.get(normalise(name))
+    if fallback is None or share <= 0 or fallback <= bits:
+        return bits
+    return bits + share * (fallback - bits)
+
+
 def kv_bytes(name: str) -> float:
     """Bytes per stored KV element for a KV dtype name."""
     key = normalise(name)

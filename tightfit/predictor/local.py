@@ -13,8 +13,8 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from tightfit.predictor import architectures, formats
-from tightfit.predictor.scenario import Scenario, Workload, device_profile_path
+from tightfit.predictor import architectures
+from tightfit.predictor.scenario import Scenario, Workload, device_profile_path, stored_bits
 
 MAX_FACTOR = 4.0
 LOCAL_NOTE = "hardware from the local device profile"
@@ -36,7 +36,7 @@ def calibration_scenario(s: Scenario, run: dict[str, Any]) -> Scenario | None:
     wl = Workload(int(run["prompt_tokens"]), int(run["gen_tokens"]), 1,
                   int(run["prompt_tokens"]) + int(run["gen_tokens"]))
     return replace(s, id=f"{s.id}:calibration", model=model, quant=quant,
-                   bits_per_weight=formats.bits_per_weight(quant), workload=wl, notes=())
+                   bits_per_weight=stored_bits(quant, model), workload=wl, notes=())
 
 
 def factors(s: Scenario, predict: Any) -> tuple[dict[str, float], str | None]:

@@ -75,6 +75,7 @@ def parse_row(row: Any) -> Scenario:
     device, hw_widen, hw_notes = _device(_section(row, "hardware"))
     model, model_widen, model_notes = _model(_section(row, "model"))
     quant, bpw = _quant(row.get("quant"))
+    bpw = stored_bits(quant, model)
     engine = _engine(row.get("engine"))
     if engine == "tightfit-lite":
         _lite_supported(device, quant)
@@ -89,6 +90,19 @@ def parse_row(row: Any) -> Scenario:
     notes += _kv_notes(model, profile(engine, device.device_class).kv_window_extra,
                        workload.context_tokens)
     return Scenario(str(rid), device, model, quant, bpw, engine, workload, widen, tuple(notes))
+
+
+def stored_bits(quant: str, model: ModelSpec) -> float:
+    """Bits a weight of `model` takes in format `quant`: the preset's average, raised where the
+    model's widths are not multiples of 256 and llama.cpp's quantizer stored those tensors in
+    a 32-block fallback type (formats.bits_for_shape; shapes known from the table or given)."""
+    bits = formats.bits_per_weight(quant)
+    if not model.shape_known:
+        return bits
+    share = formats.shape_fallback_share(model.hidden_size, model.n_heads * model.head_dim,
+                                         model.n_kv_heads * model.head_dim,
+                                         model.intermediate_size)
+    return formats.bits_for_shape(quant, bits, share)
 
 
 def _kv_notes(m: ModelSpec, window_extra: int | None, context: int) -> list[str]:
