@@ -40,6 +40,16 @@ class ModelSpec:
     attention_layers: int = 0
 
     @property
+    def kv_layers(self) -> int:
+        """Layers that attend and cache K/V (a hybrid's attention layers, else all)."""
+        return min(self.attention_layers or self.n_layers, self.n_layers)
+
+    @property
+    def window_layers(self) -> int:
+        """Of `kv_layers`, those attending to a sliding window (0 without a window)."""
+        return min(self.sliding_layers, self.kv_layers) if self.sliding_window > 0 else 0
+
+    @property
     def is_moe(self) -> bool:
         return self.active_params_b < 0.9 * self.params_b
 

@@ -187,10 +187,9 @@ def kv_tokens(s: Scenario, prof: EngineProfile, ctx: float) -> float:
     sliding-window layer keeps its window plus the engine's extra (`kv_window_extra`) where
     the engine has a window cache, every other layer the whole context."""
     m = s.model
-    attn = min(m.attention_layers or m.n_layers, m.n_layers)
-    if prof.kv_window_extra is None or m.sliding_window <= 0 or m.sliding_layers <= 0:
+    attn, local = m.kv_layers, m.window_layers
+    if prof.kv_window_extra is None or local == 0:
         return ctx * attn / m.n_layers
-    local = min(m.sliding_layers, attn)
     kept = min(ctx, m.sliding_window + prof.kv_window_extra)
     return ((attn - local) * ctx + local * kept) / m.n_layers
 

@@ -74,7 +74,7 @@ def parse_row(row: Any) -> Scenario:
         raise RowError("id", "missing; give each scenario a unique id")
     device, hw_widen, hw_notes = _device(_section(row, "hardware"))
     model, model_widen, model_notes = _model(_section(row, "model"))
-    quant, bpw = _quant(row.get("quant"))
+    quant = _quant(row.get("quant"))
     bpw = stored_bits(quant, model)
     engine = _engine(row.get("engine"))
     if engine == "tightfit-lite":
@@ -82,13 +82,13 @@ def parse_row(row: Any) -> Scenario:
     workload = _workload(row.get("workload", {}))
     notes = hw_notes + model_notes
     widen = hw_widen * model_widen
-    if keeps_quantised(profile(engine, device.device_class), quant):
+    prof = profile(engine, device.device_class)
+    if keeps_quantised(prof, quant):
         notes.append(f"hf-transformers holds {quant} weights quantised (bitsandbytes, GPTQ, AWQ):"
                      " linear layers as stored, embedding and head in the compute dtype; its"
                      " speed with them is not measured here and is taken as with float weights")
         widen *= 1.5
-    notes += _kv_notes(model, profile(engine, device.device_class).kv_window_extra,
-                       workload.context_tokens)
+    notes += _kv_notes(model, prof.kv_window_extra, workload.context_tokens)
     return Scenario(str(rid), device, model, quant, bpw, engine, workload, widen, tuple(notes))
 
 
@@ -108,12 +108,11 @@ def stored_bits(quant: str, model: ModelSpec) -> float:
 def _kv_notes(m: ModelSpec, window_extra: int | None, context: int) -> list[str]:
     """Say when a model's attention pattern changes the K/V counted (memory.kv_tokens)."""
     notes = []
-    attn = min(m.attention_layers or m.n_layers, m.n_layers)
-    if attn < m.n_layers:
-        notes.append(f"K/V for the {attn} attention layers of {m.n_layers} (a hybrid: the "
-                     "others keep a fixed state, not counted)")
-    local = min(m.sliding_layers, attn)
-    if m.sliding_window > 0 and local > 0 and context > m.sliding_window:
+    if m.kv_layers < m.n_layers:
+        notes.append(f"K/V for the {m.kv_layers} attention layers of {m.n_layers} (a hybrid: "
+                     "the others keep a fixed state, not counted)")
+    local = m.window_layers
+    if local > 0 and context > m.sliding_window:
         if window_extra is None:
             notes.append(f"this engine keeps every position's K/V on the {local} layers that "
                          f"attend to a {m.sliding_window}-token window")
@@ -258,11 +257,13 @@ def _model(m: dict[str, Any]) -> tuple[ModelSpec, float, list[str]]:
     return spec, 1.0 if known else 1.15, notes
 
 
-def _quant(value: Any) -> tuple[str, float]:
+def _quant(value: Any) -> str:
+    """The format's canonical name; a RowError names an unknown or missing one."""
     if not isinstance(value, str) or not value.strip():
         raise RowError("quant", "missing; give the weight format, e.g. 'Q4_K_M' or 'int4-g128'")
     try:
-        return formats.normalise(value), formats.bits_per_weight(value)
+        formats.bits_per_weight(value)
+        return formats.normalise(value)
     except TightfitError as exc:
         raise RowError("quant", str(exc)) from None
 
