@@ -407,6 +407,23 @@ def test_llama_cpp_reserves_a_full_call_of_logits_on_a_gpu(row) -> None:
     assert memory.buffer_bytes(gpu, tf) < 100 * 2 ** 20  # its own chunk's activations only
 
 
+def test_llama_cpp_gpu_buffer_holds_no_attention_scores(row) -> None:
+    """llama.cpp's flash attention is on by default on GPU backends, so its compute buffer
+    is a call's logits, not heads x context scores: Qwen2.5 32B (40 heads, 152k vocabulary)
+    at a 4096 context reserves ~311 MB, not the 684 MB the scores added; the same 32B Q4_K_M
+    HF Transformers' buffer keeps the scores of the prompt it holds."""
+    row["model"] = {"name": "Qwen2.5-32B-Instruct-Q4_K_M.gguf"}
+    row["workload"] = {"prompt_tokens": 64, "gen_tokens": 200, "batch": 1, "context_tokens": 4096}
+    row["hardware"] = {"name": "Radeon RX 7900 XT"}
+    s = parse_row(row)
+    llama = engines.profile("llama.cpp", "discrete_gpu", s.quant)
+    logits = 4.0 * 512 * s.model.vocab_size
+    assert memory.buffer_bytes(s, llama) == pytest.approx(logits)
+    hf = engines.profile("hf-transformers", "discrete_gpu", s.quant)
+    assert memory.buffer_bytes(s, hf) >= 4.0 * 64 * s.model.n_heads * 4096  # its 64-token prompt
+    assert not llama.score_buffer and hf.score_buffer
+
+
 def test_llama_cpp_prompt_kernels_on_a_cpu_by_stored_format() -> None:
     """ggml-cpu runs Q4_0/Q4_K/IQ4_NL (repacked) and Q8_0/F16 (llamafile's sgemm) through tiled
     kernels and every other block type through a per-row dot product: ~2x apart in prompt

@@ -49,6 +49,9 @@ class EngineProfile:
     # K/V a sliding-window layer keeps: None = the whole context (no window cache); else the
     # window plus this many tokens (llama.cpp: one prompt call, n_ubatch; HF: none)
     kv_window_extra: int | None = None
+    # a prompt call's attention scores (heads x positions a token) held in the compute buffer;
+    # none with flash attention, which llama.cpp turns on by default where the backend has it
+    score_buffer: bool = True
 
 
 def keeps_quantised(prof: EngineProfile, quant: str) -> bool:
@@ -176,8 +179,14 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
         # that 1024 MiB stay free on each GPU (`--fit-target`). With it, the llmfit table's
         # 12 GB and 8 GB cards held out by device: 29.7% -> 22.9% and 21.3% -> 18.5% decode MAPE
         # (27 rows offloaded instead of 20; docs/predictor.md).
+        # score_buffer: llama.cpp's flash attention defaults to "auto" (llama_context_default_params,
+        # common.h: LLAMA_FLASH_ATTN_TYPE_AUTO), on wherever the backend runs the fused op
+        # (CUDA, ROCm, Vulkan, Metal), so its GPU compute buffer holds no heads x context scores;
+        # what it reserves is a call's logits (memory.buffer_bytes): Qwen2.5 32B at a 4096
+        # context 311 MB, not 684 MB. (The llmfit table's 32B rows on a 20 GiB RX 7900 XT still
+        # come out 1-5% on the host, 3-7% before, where their rates say all was on the card.)
         return EngineProfile(0.75, 0.5, 0.5, 6e-4, 2e-5, 0.02, 80, 300, False, "layer_split",
-                             device_margin_mb=1024, **_LLAMA_CPP)
+                             device_margin_mb=1024, score_buffer=False, **_LLAMA_CPP)
     if engine == "tightfit-lite":
         # The lite runtime computes as llama.cpp does (the stored blocks against activations
         # rounded to int8 per 32 values, one thread pool, prompts in calls of <= 512 tokens).

@@ -214,7 +214,9 @@ def buffer_bytes(s: Scenario, prof: EngineProfile) -> float:
         ubatch = min(w.context_tokens, chunk)
     else:
         ubatch = max(min(w.prompt_tokens, chunk), 1)
-    per_token = 4 * m.hidden_size + 2 * m.intermediate_size + m.n_heads * min(w.context_tokens, 4096)
+    per_token = 4 * m.hidden_size + 2 * m.intermediate_size
+    if prof.score_buffer:
+        per_token += m.n_heads * min(w.context_tokens, 4096)
     act = 4.0 * w.batch * ubatch * per_token + 4.0 * w.batch * m.vocab_size
     if prof.reserves_chunk and s.device.device_class == "discrete_gpu":
         # llama.cpp reserves its graph for a full call with every position's logits, vocab x

@@ -14,6 +14,13 @@ from typing import Sequence
 from tightfit.predictor import models
 
 THRESHOLDS = (0.0, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.08)
+# Device-grouped folds of the screening CV. With ~30 devices, 5 folds held out 6 devices at a
+# time, and the choice among crosses of near-equal gain flipped with small changes to the
+# analytic base, moving this machine's held-out rows by up to 0.7 points (docs/predictor.md).
+# Decode held out by device (one-off folds, 2026-12-05 evening): 5 folds 11.38%, 10 folds
+# 10.70%, one fold per device 10.71% at 4x the time of 5; by model 12.57% / 12.35% / 12.69%
+# (picked after seeing these figures; the coupling is smaller, not gone).
+CV_FOLDS = 10
 
 
 @dataclass(frozen=True)
@@ -46,7 +53,7 @@ def cv_scores(rows: Sequence[dict[str, float]], y: Sequence[float], groups: Sequ
               weights: Sequence[float] | None = None) -> tuple[float, float]:
     """(grouped-CV R^2, train R^2) of the ridge on these features."""
     uniq = sorted(set(groups))
-    k = min(5, len(uniq))
+    k = min(CV_FOLDS, len(uniq))
     if k < 2:
         return 0.0, 0.0
     fold_of = {g: i % k for i, g in enumerate(uniq)}
