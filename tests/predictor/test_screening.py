@@ -202,6 +202,32 @@ def test_prefill_gives_a_class_it_never_saw_the_analytic_base_alone(tmp_path) ->
     assert shipped.prefill.unseen_class_physics and not shipped.decode.unseen_class_physics
 
 
+def test_decode_gives_a_class_placed_by_one_device_the_analytic_base_alone(tmp_path) -> None:
+    """With `unplaced_class_physics` (decode's residual), a device of a class the training rows
+    hold fewer than two devices of gets no correction, though one device of it was in the
+    training rows; placed classes keep theirs; it survives the JSON round trip. Fitted through
+    `training.fit_phase`, so the rule comes from the phase list, not the test."""
+    from dataclasses import replace
+
+    from tightfit.predictor import artefact, training
+
+    rows = [{"bw": 0.1 * i, "class_cpu": 1.0, "class_unified_soc": 0.0} for i in range(20)]
+    m = replace(models.fit("decode", rows, [0.5 + r["bw"] for r in rows], ["bw"], []),
+                unplaced_class_physics=True, known_classes=("cpu",))
+    cpu = rows[5]
+    soc = {**cpu, "class_cpu": 0.0, "class_unified_soc": 1.0}
+    assert abs(m.predict_log(cpu) - 1.0) < 0.1 and m.predict_log(soc) == 0.0
+    assert replace(m, unplaced_class_physics=False).predict_log(soc) != 0.0  # the rule acts
+    pm = models.PredictorModel(m, m, "h")
+    pm.save(tmp_path / "m.json")
+    assert models.PredictorModel.load(tmp_path / "m.json").decode.predict_log(soc) == 0.0
+    shipped = artefact.load()
+    assert shipped.decode.unplaced_class_physics and not shipped.prefill.unplaced_class_physics
+    # every class of the shipped fit is placed: its decode answers keep the residual
+    assert set(shipped.decode.known_classes) >= {"apple", "cpu", "discrete_gpu", "unified_soc"}
+    assert training.features.PHYSICS_FOR_UNPLACED_CLASS == ("decode",)
+
+
 def test_a_class_flag_needs_two_devices_of_its_class() -> None:
     from tightfit.predictor import training
 

@@ -41,6 +41,10 @@ class ResidualModel:
     # True: a device of a class with no training row gets no residual (the analytic base alone)
     # instead of the slopes other classes taught (features.PHYSICS_FOR_UNSEEN_CLASS).
     unseen_class_physics: bool = False
+    # True: the same for a device of a class the training rows do not place (fewer than
+    # features.MIN_CLASS_DEVICES devices of it: `known_classes`), e.g. the GB10 when the only
+    # other integrated-GPU SoC is a 2-row Intel iGPU (features.PHYSICS_FOR_UNPLACED_CLASS).
+    unplaced_class_physics: bool = False
     # Device classes whose level the training rows pin down (a flag of their own, or the
     # reference of the flags, from enough devices: features.MIN_CLASS_DEVICES). A device of
     # any other class gets its class flags at their training mean (z = 0), the average level,
@@ -59,6 +63,8 @@ class ResidualModel:
             return 0.0
         cls = device_class_of(feats)
         if self.unseen_class_physics and self.class_z and cls not in self.class_z:
+            return 0.0
+        if self.unplaced_class_physics and self.known_classes and cls not in self.known_classes:
             return 0.0
         z = {n: (feats[n] - mu) / sd for n, mu, sd in zip(self.base, self.mean, self.scale)}
         placed = not self.known_classes or cls in self.known_classes
@@ -86,6 +92,7 @@ class ResidualModel:
             class_z={str(k): (tuple(v[0]), tuple(v[1]))  # type: ignore[index]
                      for k, v in dict(d.get("class_z", {})).items()},  # type: ignore[call-overload]
             unseen_class_physics=bool(d.get("unseen_class_physics", False)),
+            unplaced_class_physics=bool(d.get("unplaced_class_physics", False)),
             known_classes=tuple(d.get("known_classes", ())),  # type: ignore[arg-type]
             known_engines=tuple(d.get("known_engines", ())),  # type: ignore[arg-type]
         )

@@ -91,7 +91,8 @@ def fit_phase(obs: Sequence[Observation], phase: str, candidates: Sequence[str] 
     return replace(model, interval=interval, info=info, known_classes=placed,
                    known_engines=tuple(sorted({models.engine_of(r) for r in smp.rows}))
                    if phase in features.PHYSICS_FOR_UNSEEN_ENGINE else (),
-                   unseen_class_physics=phase in features.PHYSICS_FOR_UNSEEN_CLASS)
+                   unseen_class_physics=phase in features.PHYSICS_FOR_UNSEEN_CLASS,
+                   unplaced_class_physics=phase in features.PHYSICS_FOR_UNPLACED_CLASS)
 
 
 def _band(smp: Sample, kept: list[str], crosses: list[tuple[str, str]],
