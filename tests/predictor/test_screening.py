@@ -205,8 +205,8 @@ def test_prefill_gives_a_class_it_never_saw_the_analytic_base_alone(tmp_path) ->
 def test_decode_gives_a_class_placed_by_one_device_the_analytic_base_alone(tmp_path) -> None:
     """With `unplaced_class_physics` (decode's residual), a device of a class the training rows
     hold fewer than two devices of gets no correction, though one device of it was in the
-    training rows; placed classes keep theirs; it survives the JSON round trip. Fitted through
-    `training.fit_phase`, so the rule comes from the phase list, not the test."""
+    training rows; placed classes keep theirs; it survives the JSON round trip. The shipped
+    model, fitted through `training.fit_phase`, carries the flag for decode only."""
     from dataclasses import replace
 
     from tightfit.predictor import artefact, training
