@@ -28,6 +28,16 @@ def test_data_rules_are_applied_and_counted() -> None:
     assert all(o.value > 0 for o in obs)
 
 
+def test_llmfit_rows_take_the_request_as_their_context() -> None:
+    """The table does not say the server's context: each row runs with its request's (a
+    64-token prompt and the tokens it generated), as the llama.cpp model keeps a given context."""
+    obs, _ = datasets.load_llmfit()
+    assert obs
+    for o in obs:
+        w = o.scenario.workload
+        assert w.prompt_tokens == 64 and w.context_tokens == 64 + w.gen_tokens
+
+
 def test_held_out_device_beats_naive_and_analytic_on_apple() -> None:
     obs = datasets.load_apple()
     pairs = evaluate.cross_validate(obs, evaluate.device_key, screen=False)

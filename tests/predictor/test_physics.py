@@ -166,7 +166,7 @@ def test_llama_cpp_leaves_a_gib_free_on_each_gpu(row) -> None:
     peak = _analyse(row).memory.peak_bytes
     row["hardware"]["memory_gb"] = (peak + 0.5 * memory.GB) / memory.GB  # 0.5 GiB to spare
     near = _analyse(row).memory
-    assert not near.fits_on_device and 0.9 < near.device_fraction < 1
+    assert not near.fits_on_device and 0.85 < near.device_fraction < 1
     assert near.capacity_bytes == pytest.approx(row["hardware"]["memory_gb"] * memory.GB - memory.GB)
     row["hardware"]["device_count"] = 2
     assert _analyse(row).memory.capacity_bytes == pytest.approx(
@@ -435,3 +435,35 @@ def test_llama_cpp_prompt_kernels_on_a_cpu_by_stored_format() -> None:
         assert eff["q8_0"] / eff[generic] > 2.0
     gpu = {engines.profile("llama.cpp", "discrete_gpu", q).comp_eff for q in eff}
     assert len(gpu) == 1
+
+
+def test_llama_cpp_keeps_the_context_asked_for_and_says_which_would_fit(row) -> None:
+    """llama.cpp's `--fit` shrinks only a context left unset; a context the user sets stays,
+    and layers go to the host instead. Llama 3.3 70B Q4_K_M on two 24 GB cards: at a 32k
+    context its K/V (10 GB) pushes some layers off the GPUs, at the request's own context
+    everything stays; the prediction says the largest context that keeps every layer on."""
+    from tightfit.predictor import predict
+
+    row["model"] = {"name": "Llama-3.3-70B-Instruct"}
+    row["quant"] = "Q4_K_M"
+    row["hardware"] = {"name": "RTX 4090", "device_count": 2, "host_memory_gb": 128}
+    row["workload"] = {"prompt_tokens": 512, "gen_tokens": 128, "context_tokens": 32768}
+    long = _analyse(row)
+    assert not long.memory.fits_on_device and 0.8 < long.memory.device_fraction < 1
+    assert long.decode.offload_s > 0
+    s = parse_row(row)
+    prof = engines.profile(s.engine, s.device.device_class, s.quant)
+    ctx = memory.max_context_on_device(s, prof)
+    assert ctx is not None and ctx % 256 == 0 and 640 < ctx < 32768
+    row["workload"]["context_tokens"] = ctx
+    assert _analyse(row).memory.fits_on_device
+    row["workload"]["context_tokens"] = ctx + 512
+    assert not _analyse(row).memory.fits_on_device
+    row["workload"]["context_tokens"] = 32768
+    out = predict([row])[0]
+    assert any(f"up to {ctx} tokens keeps every layer on the GPU" in n for n in out["notes"])
+    assert out["offload_fraction"] > 0
+    row["workload"]["context_tokens"] = 640  # the request alone: all on the GPUs, no note
+    out = predict([row])[0]
+    assert out["offload_fraction"] == 0 and not any("keeps every layer" in n for n in out["notes"])
+

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tightfit.predictor import attribution, features, roofline
+from tightfit.predictor import attribution, engines, features, memory, roofline
 from tightfit.predictor.memory import GB
 from tightfit.predictor.models import PredictorModel, ResidualModel
 from tightfit.predictor.roofline import Breakdown
@@ -55,9 +55,22 @@ def predict_scenario(s: Scenario, model: PredictorModel,
         peak_memory_gb=b.memory.peak_bytes / GB, offload_fraction=1 - b.memory.device_fraction,
         prefill_tok_s=prefill, decode_tok_s=w.batch / t_step, ttft_s=ttft, tpot_s=t_step,
         bottleneck=attribution.bottleneck(b.decode), factors=factors,
-        interval=_intervals(s, model, b, t_step, t_pre, ttft), notes=s.notes,
+        interval=_intervals(s, model, b, t_step, t_pre, ttft), notes=s.notes + _context_note(s, b),
         memory=_memory_parts(b),
     )
+
+
+def _context_note(s: Scenario, b: Breakdown) -> tuple[str, ...]:
+    """Where the context asked for is what pushes layers off a GPU, say which context would not."""
+    m = b.memory
+    if m.device_fraction >= 1.0 or s.device.device_class != "discrete_gpu":
+        return ()
+    ctx = memory.max_context_on_device(s, engines.profile(s.engine, s.device.device_class, s.quant))
+    if ctx is None:
+        return ()
+    return (f"{100 * (1 - m.device_fraction):.0f}% of the weights and K/V on the host at a "
+            f"{s.workload.context_tokens}-token context; a context of up to {ctx} tokens keeps "
+            "every layer on the GPU",)
 
 
 def _memory_parts(b: Breakdown) -> dict[str, float | str]:

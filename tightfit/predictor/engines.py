@@ -42,7 +42,6 @@ class EngineProfile:
     prompt_chunk: int = 0    # prompts run in calls of at most this many tokens (0: all at once)
     chunk_reads_weights: bool = False  # ... each call streaming the weights again
     reserves_chunk: bool = False  # compute buffer reserved for a full chunk of the context
-    fits_context_first: bool = False  # shrinks its context to the request before offloading
     head_copy: bool = False  # holds the output head again in its compute format (tied or not)
     device_margin_mb: float = 0.0  # memory it leaves free on each discrete GPU when placing layers
     moe_bw_rel: float = 1.0  # share of bw_eff its decode reaches on a mixture-of-experts model
@@ -142,8 +141,9 @@ _LITE_PROMPT_RATE = {"f16": 0.7, "f32": 0.7, "fp32": 0.7, "q8_0": 1.1}
 
 # How the engines run, whatever the device. llama.cpp and the lite runtime: f16 K/V by default,
 # prompts in calls of <= 512 tokens (n_ubatch), each streaming the weights. llama.cpp also
-# reserves its compute buffer for a full call at start-up and fits its context to the request
-# before moving layers off a GPU. tightfit: prompts in chunks of <= 512 (max_num_batched_tokens;
+# reserves its compute buffer for a full call at start-up, and keeps the context it is given:
+# its `--fit` shrinks only a context left unset (to no less than 4096 tokens, common/fit.cpp),
+# and moves layers off a GPU where a context set by the user does not fit. tightfit: prompts in chunks of <= 512 (max_num_batched_tokens;
 # the chunks' weight reads are in its efficiency), and a second copy of the output head in its
 # compute format.
 _GGML_STYLE: dict[str, Any] = dict(kv_dtype="f16", prompt_chunk=512, chunk_reads_weights=True)
@@ -158,8 +158,8 @@ _GGML_STYLE: dict[str, Any] = dict(kv_dtype="f16", prompt_chunk=512, chunk_reads
 # (one-off decode folds) 22.5% -> 15.1% (max 124% -> 87%) (docs/predictor.md).
 # kv_window_extra: llama.cpp's sliding-window layers hold n_swa + n_ubatch cells (512 by
 # default; llama_kv_cache_iswa, unless --swa-full).
-_LLAMA_CPP: dict[str, Any] = dict(_GGML_STYLE, reserves_chunk=True, fits_context_first=True,
-                                  moe_bw_rel=0.7, kv_window_extra=512)
+_LLAMA_CPP: dict[str, Any] = dict(_GGML_STYLE, reserves_chunk=True, moe_bw_rel=0.7,
+                                  kv_window_extra=512)
 _TIGHTFIT: dict[str, Any] = dict(prompt_chunk=512, head_copy=True)
 
 

@@ -13,7 +13,7 @@ with the vocabulary. Constants come from this project's measurements on CPU (doc
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tightfit.predictor import formats
 from tightfit.predictor.engines import EngineProfile, keeps_quantised
@@ -248,16 +248,29 @@ def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
         capacity = max(capacity - prof.device_margin_mb * MB * s.device.device_count, 0.0)
     fits_dev = peak <= capacity
     frac, host = 1.0, 0.0
-    # llama.cpp shrinks its context to the request before it moves layers off the device.
-    kv_min = kv if not prof.fits_context_first else kv_bytes(
-        s, prof, min(s.workload.context_tokens, s.workload.prompt_tokens + s.workload.gen_tokens))
-    if not fits_dev and gpu:
+    if not fits_dev and gpu:  # the context is the one asked for: layers go to the host
         room = max(capacity - buffers - runtime - transient, 0.0)
-        frac = min(1.0, room / max(weights + kv_min, 1.0))
-        host = (1 - frac) * (weights + kv_min)
+        frac = min(1.0, room / max(weights + kv, 1.0))
+        host = (1 - frac) * (weights + kv)
     fits = _fits(s, fits_dev, gpu, host, prof, peak)
     return MemoryEstimate(weights, kv, buffers, runtime, peak, capacity, frac, host, fits_dev, fits,
                           transient, "load" if load_peak > serving_peak else "serving")
+
+
+def max_context_on_device(s: Scenario, prof: EngineProfile) -> int | None:
+    """The largest context (a multiple of 256, llama.cpp's rounding) below the scenario's at
+    which everything stays on the device; None where even the request's own tokens do not fit."""
+    w = s.workload
+    def fits(ctx: int) -> bool:
+        return estimate(replace(s, workload=replace(w, context_tokens=ctx)), prof).fits_on_device
+    lo = w.prompt_tokens + w.gen_tokens
+    if not fits(lo):
+        return None
+    hi = w.context_tokens  # does not fit (the caller's case)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return max(lo - lo % 256, w.prompt_tokens + w.gen_tokens)
 
 
 def _fits(s: Scenario, fits_dev: bool, gpu: bool, host: float, prof: EngineProfile,
