@@ -28,7 +28,7 @@ def test_data_rules_are_applied_and_counted() -> None:
     assert all(o.value > 0 for o in obs)
 
 
-def test_llmfit_rows_take_the_request_as_their_context() -> None:
+def test_llmfit_rows_take_the_request_as_their_context_and_the_files_tags() -> None:
     """The table does not say the server's context: each row runs with its request's (a
     64-token prompt and the tokens it generated), as the llama.cpp model keeps a given context."""
     obs, _ = datasets.load_llmfit()
@@ -36,6 +36,9 @@ def test_llmfit_rows_take_the_request_as_their_context() -> None:
     for o in obs:
         w = o.scenario.workload
         assert w.prompt_tokens == 64 and w.context_tokens == 64 + w.gen_tokens
+    # the three gemma-2-9b-it-Q4_K_M-fp16.gguf rows keep the file's f16 embedding
+    tagged = [o for o in obs if o.scenario.embed_bits is not None]
+    assert len(tagged) == 3 and all(o.scenario.embed_bits == 16.0 for o in tagged)
 
 
 def test_held_out_device_beats_naive_and_analytic_on_apple() -> None:

@@ -34,6 +34,21 @@ def test_quant_from_filename(fname: str, quant: str | None) -> None:
     assert formats.quant_from_filename(fname) == quant
 
 
+@pytest.mark.parametrize("name,base,bits", [("Q4_K_M-f16", "q4_k_m", 16.0),
+                                            ("q8_0.BF16", "q8_0", 16.0),
+                                            ("Q4_K_M", "Q4_K_M", None),
+                                            ("F16", "F16", None), ("int4-g64", "int4-g64", None)])
+def test_a_preset_tagged_with_a_float_embedding(name: str, base: str, bits: float | None) -> None:
+    assert formats.split_embed_tag(name) == (base, bits)
+
+
+def test_float_embedding_tag_read_from_file_names() -> None:
+    assert formats.embed_bits_from_filename("gemma-2-9b-it-Q4_K_M-fp16.gguf") == 16.0
+    assert formats.quant_from_filename("gemma-2-9b-it-Q4_K_M-fp16.gguf") == "q4_k_m"
+    for name in ("Meta-Llama-3-8B-Q4_K_M.gguf", "model-f16.gguf", "Qwen3-4B-BF16.gguf"):
+        assert formats.embed_bits_from_filename(name) is None
+
+
 @pytest.mark.parametrize("name,total,active", [
     ("SmolLM2-135M-Instruct-Q4_K_M.gguf", 0.135, None),
     ("internlm2_5-1_8b-chat-Q4_K_M.gguf", 1.8, None),

@@ -467,3 +467,29 @@ def test_llama_cpp_keeps_the_context_asked_for_and_says_which_would_fit(row) -> 
     out = predict([row])[0]
     assert out["offload_fraction"] == 0 and not any("keeps every layer" in n for n in out["notes"])
 
+
+def test_float_embedding_and_head_of_a_tagged_preset(row) -> None:
+    """`Q4_K_M-f16` (llama-quantize's --token-embedding-type / --output-tensor-type f16): the
+    file holds the embedding and an untied head in f16, the rest as the preset. Llama 3 8B's two
+    128256 x 4096 tables: 1.05e9 weights from Q4_K / Q6_K-class bits to 16, about +1.3 GB, and
+    decode streams the head (not the looked-up embedding) at the larger size."""
+    from tightfit.predictor import predict
+
+    row["model"] = {"name": "Meta-Llama-3-8B"}
+    row["hardware"] = {"name": "RTX 4090"}
+    plain = _analyse(row)
+    row["quant"] = "Q4_K_M-f16"
+    tagged = _analyse(row)
+    extra = tagged.memory.weights_bytes - plain.memory.weights_bytes
+    assert 1.1e9 < extra < 1.5e9
+    assert 1.0 < tagged.decode.mem_s / plain.decode.mem_s < 1.25
+    out = predict([row])[0]
+    assert any("output head at 16 bits" in n for n in out["notes"])
+    row["model"] = {"name": "gemma-2-9b-it"}  # tied: one table, the head
+    row["quant"] = "Q4_K_M"
+    tied = _analyse(row).memory.weights_bytes
+    row["quant"] = "Q4_K_M-fp16"
+    assert _analyse(row).memory.weights_bytes - tied == pytest.approx(
+        parse_row(row).model.embedding_params * (16 - 8.5) / 8, rel=0.01)
+    row["quant"] = "f16-Q4"
+    assert "quant" == predict([row])[0]["error"]["field"]

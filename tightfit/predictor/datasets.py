@@ -157,7 +157,8 @@ def _llmfit_observation(row: dict[str, str]) -> Observation | None:
     # ~64-token prompt and the tokens generated). llama.cpp's `--fit` floor for a context left
     # unset, 4096, placed the offloaded rows worse (docs/predictor.md).
     sc = Scenario(f"llmfit-{row['source_file']}-{row['model_file']}", device, model, quant,
-                  stored_bits(quant, model), "llama.cpp", Workload(64, gen, 1, 64 + gen))
+                  stored_bits(quant, model), "llama.cpp", Workload(64, gen, 1, 64 + gen),
+                  embed_bits=formats.embed_bits_from_filename(row["model_file"]))
     return Observation(sc, "decode_tok_s", float(row["avg_decode_tps"]),
                        hardware.normalise_name(row["hardware_name"]), model_key(row["model_file"]),
                        "llmfit")

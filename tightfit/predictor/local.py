@@ -36,7 +36,8 @@ def calibration_scenario(s: Scenario, run: dict[str, Any]) -> Scenario | None:
     wl = Workload(int(run["prompt_tokens"]), int(run["gen_tokens"]), 1,
                   int(run["prompt_tokens"]) + int(run["gen_tokens"]))
     return replace(s, id=f"{s.id}:calibration", model=model, quant=quant,
-                   bits_per_weight=stored_bits(quant, model), workload=wl, notes=())
+                   bits_per_weight=stored_bits(quant, model), workload=wl, notes=(),
+                   embed_bits=None)
 
 
 def factors(s: Scenario, predict: Any) -> tuple[dict[str, float], str | None]:

@@ -95,7 +95,14 @@ def weight_bytes(s: Scenario, prof: EngineProfile) -> float:
         experts = min(s.model.expert_params_b * 1e9, total)
         return (experts * s.bits_per_weight + (total - experts) * _MXFP4_REST_BITS) / 8
     embed = embedding_params(s)
+    if s.embed_bits is not None and _is_gguf(s):  # the file's float embedding, and head if untied
+        heads = min(embed * (1 if s.model.ties_embeddings else 2), total)
+        return ((total - heads) * s.bits_per_weight + heads * s.embed_bits) / 8
     return ((total - embed) * s.bits_per_weight + embed * stored_embed_bits(s, prof)) / 8
+
+
+def _is_gguf(s: Scenario) -> bool:
+    return s.quant.startswith(("q", "iq", "tq"))
 
 
 def stored_embed_bits(s: Scenario, prof: EngineProfile) -> float:
@@ -105,8 +112,9 @@ def stored_embed_bits(s: Scenario, prof: EngineProfile) -> float:
         return 8 * compute_dtype_bytes(s)
     if s.quant == "mxfp4" and s.model.expert_params_b:
         return _MXFP4_REST_BITS
-    gguf = s.quant.startswith(("q", "iq", "tq"))
-    return gguf_embed_bits(s) if gguf else s.bits_per_weight
+    if not _is_gguf(s):
+        return s.bits_per_weight
+    return s.embed_bits if s.embed_bits is not None else gguf_embed_bits(s)
 
 
 def streamed_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
@@ -124,8 +132,8 @@ def held_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
         return weight_bytes(s, prof)
     m = s.model
     embed = embedding_params(s)
-    gguf = s.quant.startswith(("q", "iq", "tq"))
-    embed_bits = gguf_embed_bits(s) if gguf else _GGUF_EMBED_BITS
+    gguf = _is_gguf(s)
+    embed_bits = stored_embed_bits(s, prof) if gguf else _GGUF_EMBED_BITS
     if m.ties_embeddings:  # a second copy: the head, built in the compute format
         head_bits = 8 + 32 / m.hidden_size if gguf else s.bits_per_weight  # + a scale per row
         body = m.params_b * 1e9 - embed

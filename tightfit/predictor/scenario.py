@@ -52,6 +52,9 @@ class Scenario:
     workload: Workload
     widen: float = 1.0  # >1 when inputs were filled by estimates; multiplies the error band
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # bits of the token embedding and output head where the file keeps them in a float type
+    # (`Q4_K_M-f16`, formats.split_embed_tag); None: as the preset stores them
+    embed_bits: float | None = None
 
 
 def device_profile_path() -> Path:
@@ -74,7 +77,7 @@ def parse_row(row: Any) -> Scenario:
         raise RowError("id", "missing; give each scenario a unique id")
     device, hw_widen, hw_notes = _device(_section(row, "hardware"))
     model, model_widen, model_notes = _model(_section(row, "model"))
-    quant = _quant(row.get("quant"))
+    quant, embed_bits = _quant(row.get("quant"))
     bpw = stored_bits(quant, model)
     engine = _engine(row.get("engine"))
     if engine == "tightfit-lite":
@@ -89,7 +92,11 @@ def parse_row(row: Any) -> Scenario:
                      " speed with them is not measured here and is taken as with float weights")
         widen *= 1.5
     notes += _kv_notes(model, prof.kv_window_extra, workload.context_tokens)
-    return Scenario(str(rid), device, model, quant, bpw, engine, workload, widen, tuple(notes))
+    if embed_bits is not None:
+        notes.append(f"token embedding and output head at {embed_bits:g} bits (the quant's tag), "
+                     "the rest as the preset stores it")
+    return Scenario(str(rid), device, model, quant, bpw, engine, workload, widen, tuple(notes),
+                    embed_bits)
 
 
 def stored_bits(quant: str, model: ModelSpec) -> float:
@@ -257,13 +264,15 @@ def _model(m: dict[str, Any]) -> tuple[ModelSpec, float, list[str]]:
     return spec, 1.0 if known else 1.15, notes
 
 
-def _quant(value: Any) -> str:
-    """The format's canonical name; a RowError names an unknown or missing one."""
+def _quant(value: Any) -> tuple[str, float | None]:
+    """The format's canonical name and the bits of a float embedding / head it is tagged with
+    (`Q4_K_M-f16`); a RowError names an unknown or missing one."""
     if not isinstance(value, str) or not value.strip():
         raise RowError("quant", "missing; give the weight format, e.g. 'Q4_K_M' or 'int4-g128'")
+    base, embed_bits = formats.split_embed_tag(value)
     try:
-        formats.bits_per_weight(value)
-        return formats.normalise(value)
+        formats.bits_per_weight(base)
+        return formats.normalise(base), embed_bits
     except TightfitError as exc:
         raise RowError("quant", str(exc)) from None
 
