@@ -143,9 +143,9 @@ _LITE_PROMPT_RATE = {"f16": 0.7, "f32": 0.7, "fp32": 0.7, "q8_0": 1.1}
 # prompts in calls of <= 512 tokens (n_ubatch), each streaming the weights. llama.cpp also
 # reserves its compute buffer for a full call at start-up, and keeps the context it is given:
 # its `--fit` shrinks only a context left unset (to no less than 4096 tokens, common/fit.cpp),
-# and moves layers off a GPU where a context set by the user does not fit. tightfit: prompts in chunks of <= 512 (max_num_batched_tokens;
-# the chunks' weight reads are in its efficiency), and a second copy of the output head in its
-# compute format.
+# and moves layers off a GPU where a context set by the user does not fit. tightfit: prompts in
+# chunks of <= 512 (max_num_batched_tokens; the chunks' weight reads are in its efficiency),
+# and a second copy of the output head in its compute format.
 _GGML_STYLE: dict[str, Any] = dict(kv_dtype="f16", prompt_chunk=512, chunk_reads_weights=True)
 # moe_bw_rel: llama.cpp decodes a mixture-of-experts model at ~0.7 of the rate its dense models
 # reach on the same device, per byte of active weights (the routed experts are many small

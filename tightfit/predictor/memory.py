@@ -269,6 +269,7 @@ def max_context_on_device(s: Scenario, prof: EngineProfile) -> int | None:
     """The largest context (a multiple of 256, llama.cpp's rounding) below the scenario's at
     which everything stays on the device; None where even the request's own tokens do not fit."""
     w = s.workload
+
     def fits(ctx: int) -> bool:
         return estimate(replace(s, workload=replace(w, context_tokens=ctx)), prof).fits_on_device
     lo = w.prompt_tokens + w.gen_tokens
