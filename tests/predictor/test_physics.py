@@ -491,5 +491,11 @@ def test_float_embedding_and_head_of_a_tagged_preset(row) -> None:
     row["quant"] = "Q4_K_M-fp16"
     assert _analyse(row).memory.weights_bytes - tied == pytest.approx(
         parse_row(row).model.embedding_params * (16 - 8.5) / 8, rel=0.01)
+    row["quant"] = "Q4_K_M"  # the tag in the model's file name, after the same preset
+    row["model"] = {"name": "gemma-2-9b-it-Q4_K_M-fp16.gguf"}
+    assert _analyse(row).memory.weights_bytes == pytest.approx(tied + (
+        parse_row(row).model.embedding_params * (16 - 8.5) / 8), rel=0.01)
+    row["quant"] = "Q8_0"  # another preset than the file's: the file name says nothing of it
+    assert parse_row(row).embed_bits is None
     row["quant"] = "f16-Q4"
     assert "quant" == predict([row])[0]["error"]["field"]

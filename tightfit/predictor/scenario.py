@@ -76,8 +76,11 @@ def parse_row(row: Any) -> Scenario:
     if rid is None or (isinstance(rid, str) and not rid.strip()):
         raise RowError("id", "missing; give each scenario a unique id")
     device, hw_widen, hw_notes = _device(_section(row, "hardware"))
-    model, model_widen, model_notes = _model(_section(row, "model"))
+    model_section = _section(row, "model")
+    model, model_widen, model_notes = _model(model_section)
     quant, embed_bits = _quant(row.get("quant"))
+    if embed_bits is None:  # a GGUF file name as the model, tagged after the same preset
+        embed_bits = _file_embed_bits(model_section.get("name"), quant)
     bpw = stored_bits(quant, model)
     engine = _engine(row.get("engine"))
     if engine == "tightfit-lite":
@@ -93,8 +96,8 @@ def parse_row(row: Any) -> Scenario:
         widen *= 1.5
     notes += _kv_notes(model, prof.kv_window_extra, workload.context_tokens)
     if embed_bits is not None:
-        notes.append(f"token embedding and output head at {embed_bits:g} bits (the quant's tag), "
-                     "the rest as the preset stores it")
+        notes.append(f"token embedding and output head at {embed_bits:g} bits (the format's "
+                     "tag), the rest as the preset stores it")
     return Scenario(str(rid), device, model, quant, bpw, engine, workload, widen, tuple(notes),
                     embed_bits)
 
@@ -128,6 +131,14 @@ def _kv_notes(m: ModelSpec, window_extra: int | None, context: int) -> list[str]
                          f"{m.sliding_window}-token window (+{window_extra} cells), not the "
                          f"{context}-token context")
     return notes
+
+
+def _file_embed_bits(name: Any, quant: str) -> float | None:
+    """The float embedding a model's GGUF file name tags (`...-Q4_K_M-fp16.gguf`), where the
+    file's preset is the row's quant."""
+    if not isinstance(name, str) or formats.quant_from_filename(name) != quant:
+        return None
+    return formats.embed_bits_from_filename(name)
 
 
 def _section(row: dict[str, Any], name: str) -> dict[str, Any]:
