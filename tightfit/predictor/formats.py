@@ -126,30 +126,33 @@ def is_known(name: str) -> bool:
 # `llama-quantize --token-embedding-type f16 --output-tensor-type f16` writes them and files
 # name them (`gemma-2-9b-it-Q4_K_M-fp16.gguf`; the preset alone keeps them at Q6_K / Q8_0).
 EMBED_TAG_BITS = {"f16": 16.0, "fp16": 16.0, "bf16": 16.0, "f32": 32.0, "fp32": 32.0}
-_EMBED_TAG = re.compile(r"^(?P<base>(?:ud-)?i?q\d(?:_[0-9a-z]+)*)[-_.](?P<tag>fp16|f16|bf16|fp32|f32)$")
-_EMBED_TAG_IN_NAME = re.compile(
-    r"(?:^|[-_.])(?:UD-)?I?Q\d(?:_[0-9A-Z]+)*[-_.](?P<tag>FP16|F16|BF16|FP32|F32)$", re.IGNORECASE)
+_PRESET_TAGGED = r"(?P<base>(?:ud-)?i?q\d(?:_[0-9a-z]+)*)[-_.](?P<tag>fp16|f16|bf16|fp32|f32)$"
+_EMBED_TAG = re.compile(_PRESET_TAGGED, re.IGNORECASE)
+_EMBED_TAG_IN_NAME = re.compile(r"(?:^|[-_.])" + _PRESET_TAGGED, re.IGNORECASE)
 
 
 def split_embed_tag(name: str) -> tuple[str, float | None]:
-    """`Q4_K_M-f16` -> (`Q4_K_M`, 16.0): a block preset with its embedding and head in a float
+    """`Q4_K_M-f16` -> (`q4_k_m`, 16.0): a block preset with its embedding and head in a float
     type; any other name -> (name, None)."""
-    m = _EMBED_TAG.match(name.strip().lower())
+    m = _EMBED_TAG.fullmatch(name.strip())
     if m is None:
         return name, None
-    return m.group("base"), EMBED_TAG_BITS[m.group("tag")]
+    return m.group("base").lower(), EMBED_TAG_BITS[m.group("tag").lower()]
+
+
+def _stem(filename: str) -> str:
+    return re.sub(r"\.gguf$", "", filename.rsplit("/", 1)[-1], flags=re.IGNORECASE)
 
 
 def embed_bits_from_filename(filename: str) -> float | None:
     """Bits of the embedding and head where a GGUF file name tags them after the preset."""
-    stem = re.sub(r"\.gguf$", "", filename.rsplit("/", 1)[-1], flags=re.IGNORECASE)
-    m = _EMBED_TAG_IN_NAME.search(stem)
+    m = _EMBED_TAG_IN_NAME.search(_stem(filename))
     return EMBED_TAG_BITS[m.group("tag").lower()] if m else None
 
 
 def quant_from_filename(filename: str) -> str | None:
     """The GGUF format named in a file name (`...-Q4_K_M.gguf` -> `q4_k_m`), if any."""
-    stem = re.sub(r"\.gguf$", "", filename.rsplit("/", 1)[-1], flags=re.IGNORECASE)
+    stem = _stem(filename)
     found = [m.group(1) for m in _GGUF_IN_NAME.finditer(stem)]
     for cand in reversed(found):
         key = normalise(cand)

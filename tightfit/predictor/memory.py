@@ -95,10 +95,10 @@ def weight_bytes(s: Scenario, prof: EngineProfile) -> float:
         experts = min(s.model.expert_params_b * 1e9, total)
         return (experts * s.bits_per_weight + (total - experts) * _MXFP4_REST_BITS) / 8
     embed = embedding_params(s)
-    if s.embed_bits is not None and _is_gguf(s):  # the file's float embedding, and head if untied
-        heads = min(embed * (1 if s.model.ties_embeddings else 2), total)
-        return ((total - heads) * s.bits_per_weight + heads * s.embed_bits) / 8
-    return ((total - embed) * s.bits_per_weight + embed * stored_embed_bits(s, prof)) / 8
+    # a file tagged with a float embedding keeps an untied head in that type too
+    # (embedding_params caps an untied table at half the parameters, so both fit in the total)
+    heads = embed * (2 if s.embed_bits is not None and not s.model.ties_embeddings else 1)
+    return ((total - heads) * s.bits_per_weight + heads * stored_embed_bits(s, prof)) / 8
 
 
 def _is_gguf(s: Scenario) -> bool:
