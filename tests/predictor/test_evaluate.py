@@ -30,15 +30,61 @@ def test_data_rules_are_applied_and_counted() -> None:
 
 def test_llmfit_rows_take_the_request_as_their_context_and_the_files_tags() -> None:
     """The table does not say the server's context: each row runs with its request's (a
-    64-token prompt and the tokens it generated), as the llama.cpp model keeps a given context."""
+    64-token prompt and the tokens it generated), as the llama.cpp model keeps a given context;
+    of the prompt the server runs the part its prompt cache does not hold."""
     obs, _ = datasets.load_llmfit()
     assert obs
     for o in obs:
         w = o.scenario.workload
-        assert w.prompt_tokens == 64 and w.context_tokens == 64 + w.gen_tokens
+        assert w.prompt_tokens == datasets.LLMFIT_PROMPT_TOKENS
+        assert w.context_tokens == 64 + w.gen_tokens
     # the three gemma-2-9b-it-Q4_K_M-fp16.gguf rows keep the file's f16 embedding
     tagged = [o for o in obs if o.scenario.embed_bits is not None]
     assert len(tagged) == 3 and all(o.scenario.embed_bits == 16.0 for o in tagged)
+
+
+def test_llmfit_rates_are_over_the_whole_request() -> None:
+    """llmfit's llama.cpp client divides a reply's output tokens by the request's wall time:
+    in the table, tok/s x total ms / 1000 is the output tokens (within the spread of a mean of
+    three runs' ratios), so the loader marks its rows as whole-request rates."""
+    import csv
+
+    obs, _ = datasets.load_llmfit()
+    assert obs and all(o.whole_request and o.metric == "decode_tok_s" for o in obs)
+    assert not any(o.whole_request for o in datasets.load_apple() + datasets.load_design())
+    with open(datasets.data_dir() / datasets.LLMFIT_FILE, newline="") as fh:
+        rows = [r for r in csv.DictReader(fh, delimiter="\t") if r["provider"] == "llamacpp"]
+    ratios = sorted(float(r["avg_decode_tps"]) * float(r["avg_total_ms"]) / 1000
+                    / float(r["avg_output_tokens"]) for r in rows)
+    assert len(ratios) > 300
+    assert 0.97 < ratios[len(ratios) // 2] < 1.03
+    assert 0.85 < ratios[len(ratios) // 20] and ratios[-len(ratios) // 20] < 1.1
+
+
+def test_a_whole_request_rate_is_predicted_and_fitted_as_one() -> None:
+    """Evaluation compares a whole-request rate with the predicted TTFT plus the steps; the fit
+    takes the analytic TTFT back out of it, so a rate built from the analytic breakdown gives
+    back its step rate exactly."""
+    from dataclasses import replace
+
+    from tightfit.predictor import artefact, core, roofline, training
+
+    o = next(o for o in datasets.load_llmfit()[0] if o.device_key == "rtx 5070")
+    p = core.predict_scenario(o.scenario, artefact.load())
+    gen = o.scenario.workload.gen_tokens
+    whole = evaluate.predicted(o, p)
+    assert whole == pytest.approx(gen / (p.ttft_s + (gen - 1) * p.tpot_s))
+    assert whole < p.decode_tok_s
+    assert evaluate.predicted(replace(o, whole_request=False), p) == p.decode_tok_s
+    b = roofline.analyse(o.scenario)
+    step = 0.01
+    built = replace(o, value=gen / (b.prefill.total + b.request_overhead_s + (gen - 1) * step))
+    assert training.measured_rate(built, "decode", b) == pytest.approx(1 / step)
+    assert training.measured_rate(replace(built, whole_request=False), "decode", b) == built.value
+    # a rate the analytic TTFT alone would exceed keeps half the request for its steps
+    slow = replace(o, value=gen / (b.prefill.total + b.request_overhead_s))
+    assert training.measured_rate(slow, "decode", b) == pytest.approx(
+        (gen - 1) / (0.5 * gen / slow.value))
 
 
 def test_held_out_device_beats_naive_and_analytic_on_apple() -> None:

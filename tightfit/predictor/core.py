@@ -36,6 +36,13 @@ class Prediction:
     memory: dict[str, float | str] = field(default_factory=dict)  # the peak's parts, GiB
 
 
+def request_tok_s(p: Prediction, s: Scenario) -> float:
+    """Tokens generated over a whole request's predicted wall time: the TTFT (prompt, request
+    overhead, first token), then one decode step for each further token."""
+    w = s.workload
+    return w.batch * w.gen_tokens / (p.ttft_s + max(w.gen_tokens - 1, 0) * p.tpot_s)
+
+
 def residual(model: ResidualModel, s: Scenario, b: Breakdown, phase: str) -> float:
     r = model.predict_log(features.features(s, b, phase))
     return max(-MAX_RESIDUAL, min(MAX_RESIDUAL, r))

@@ -26,6 +26,12 @@ DESIGN_FILE = "design_reference.tsv"
 OWN_FILE = "tightfit_cpu_2core.jsonl"  # copy of data/measurements/cpu-2core.jsonl (bench sweep)
 MIN_OVER_AVG = 0.5       # rule: unstable run if the slowest repetition < half the average
 MAX_BW_UTIL = 1.15       # rule: physically impossible if implied bandwidth > 115% of peak
+# Prompt tokens a llmfit llama.cpp request makes the server process. Its client (llmfit-core's
+# bench.rs) sends one of three short prompts a run (11 / 19 / 24 words: ~18 tokens on average)
+# in the model's chat template, after a warm-up request ("Say hello.") through the same
+# template; llama-server keeps the cached prefix (`cache_prompt`, on by default), so what runs
+# is the user text and the template's closing and assistant header: ~24 tokens.
+LLMFIT_PROMPT_TOKENS = 24
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,12 @@ class Observation:
     device_key: str
     model_key: str
     source: str
+    # True: `value` is the tokens generated over the request's whole wall time, the prompt, the
+    # request's own overhead and the first token included (llmfit's client for llama-server
+    # divides a non-streamed reply's output tokens by its total milliseconds: the table's
+    # avg_decode_tps x avg_total_ms / 1000 = avg_output_tokens within 1% on its llamacpp
+    # rows), not the rate of the decode steps alone.
+    whole_request: bool = False
 
 
 def data_dir() -> Path:
@@ -154,14 +166,16 @@ def _llmfit_observation(row: dict[str, str]) -> Observation | None:
         return None
     gen = int(float(row["avg_output_tokens"]))
     # The table does not say what context the server ran with; taken as the request's (a
-    # ~64-token prompt and the tokens generated). llama.cpp's `--fit` floor for a context left
-    # unset, 4096, placed the offloaded rows worse (docs/predictor.md).
+    # prompt of <= 64 tokens with its chat template, and the tokens generated). llama.cpp's
+    # `--fit` floor for a context left unset, 4096, placed the offloaded rows worse
+    # (docs/predictor.md). The prompt processed: LLMFIT_PROMPT_TOKENS.
     sc = Scenario(f"llmfit-{row['source_file']}-{row['model_file']}", device, model, quant,
-                  stored_bits(quant, model), "llama.cpp", Workload(64, gen, 1, 64 + gen),
+                  stored_bits(quant, model), "llama.cpp",
+                  Workload(LLMFIT_PROMPT_TOKENS, gen, 1, 64 + gen),
                   embed_bits=formats.embed_bits_from_filename(row["model_file"]))
     return Observation(sc, "decode_tok_s", float(row["avg_decode_tps"]),
                        hardware.normalise_name(row["hardware_name"]), model_key(row["model_file"]),
-                       "llmfit")
+                       "llmfit", whole_request=True)
 
 
 def _with_known_attention(model: architectures.ModelSpec) -> architectures.ModelSpec:

@@ -61,6 +61,14 @@ def value_of(p: core.Prediction, metric: str) -> float | None:
     return getattr(p, metric)
 
 
+def predicted(o: Observation, p: core.Prediction) -> float | None:
+    """The prediction of what the observation measured (a rate over a whole request for an
+    observation that measured one: `Observation.whole_request`)."""
+    if o.metric == "decode_tok_s" and o.whole_request:
+        return core.request_tok_s(p, o.scenario)
+    return value_of(p, o.metric)
+
+
 def naive_value(o: Observation) -> float | None:
     if o.metric == "decode_tok_s":
         return roofline.naive_decode_tok_s(o.scenario)
@@ -115,13 +123,13 @@ def summarise(pairs: Sequence[tuple[Observation, core.Prediction]],
     for metric in METRICS:
         sel = [(o, p) for o, p in pairs if o.metric == metric and (not sources or o.source in sources)]
         if metric == "fits":
-            got = [(value_of(p, metric), o.value) for o, p in sel]
+            got = [(predicted(o, p), o.value) for o, p in sel]
             known = [(a, b) for a, b in got if a is not None]
             if sel:
                 out[metric] = {"n": len(sel), "accuracy": 100 * sum(a == b for a, b in known) / len(sel),
                                "undecided": len(sel) - len(known)}
             continue
-        vals = [(value_of(p, metric), o.value) for o, p in sel]
+        vals = [(predicted(o, p), o.value) for o, p in sel]
         vals = [(a, b) for a, b in vals if a is not None]
         if vals:
             out[metric] = scores([a for a, _ in vals], [b for _, b in vals]).as_dict()

@@ -14,8 +14,10 @@ def scatter(pairs: Sequence[Any], metric: str, title: str, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from tightfit.predictor.evaluate import predicted
+
     fig, ax = plt.subplots(figsize=(5.2, 5.0), dpi=110)
-    sel = [(o, getattr(p, metric)) for o, p in pairs if o.metric == metric]
+    sel = [(o, predicted(o, p)) for o, p in pairs if o.metric == metric]
     for src, colour in COLOURS.items():
         pts = [(o.value, v) for o, v in sel if o.source == src and v]
         if pts:

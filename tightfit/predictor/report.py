@@ -74,7 +74,7 @@ def _per_device(pairs: list[Any]) -> dict[str, dict[str, float]]:
     devices = sorted({o.device_key for o, _ in pairs if o.metric == "decode_tok_s"})
     res = {}
     for d in devices:
-        sel = [(p.decode_tok_s, o.value) for o, p in pairs if o.device_key == d and o.metric == "decode_tok_s"]
+        sel = [(evaluate.predicted(o, p), o.value) for o, p in pairs if o.device_key == d and o.metric == "decode_tok_s"]
         res[d] = evaluate.scores([a for a, _ in sel], [b for _, b in sel]).as_dict()
     return res
 

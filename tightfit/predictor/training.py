@@ -31,6 +31,18 @@ def base_rate(o: Observation, phase: str) -> float:
     return w.batch * w.prompt_tokens / b.prefill.total
 
 
+def measured_rate(o: Observation, phase: str, b: roofline.Breakdown) -> float:
+    """The observation's rate of the phase. A rate over a whole request (`whole_request`) is
+    taken back to its decode steps' rate by removing the analytic TTFT (the prompt, the request
+    overhead) from its wall time, leaving the steps at least half of it."""
+    w = o.scenario.workload
+    if phase != "decode" or not o.whole_request:
+        return o.value
+    total = w.batch * w.gen_tokens / o.value
+    steps = max(total - b.prefill.total - b.request_overhead_s, 0.5 * total)
+    return w.batch * max(w.gen_tokens - 1, 1) / steps
+
+
 def sample(obs: Sequence[Observation], phase: str) -> Sample:
     """Features and log(measured/analytic) targets; rows weighted 1/sqrt(rows of their device)."""
     chosen = [o for o in obs if o.metric == PHASE_METRIC[phase]]
@@ -39,7 +51,7 @@ def sample(obs: Sequence[Observation], phase: str) -> Sample:
     for o in chosen:
         b = roofline.analyse(o.scenario)
         rows.append(features.features(o.scenario, b, phase))
-        y.append(math.log(o.value / base_rate(o, phase)))
+        y.append(math.log(measured_rate(o, phase, b) / base_rate(o, phase)))
         groups.append(o.device_key)
         wts.append(1.0 / math.sqrt(per_device[o.device_key]))
     return Sample(rows, y, groups, wts)
