@@ -27,10 +27,12 @@ OWN_FILE = "tightfit_cpu_2core.jsonl"  # copy of data/measurements/cpu-2core.jso
 MIN_OVER_AVG = 0.5       # rule: unstable run if the slowest repetition < half the average
 MAX_BW_UTIL = 1.15       # rule: physically impossible if implied bandwidth > 115% of peak
 # Prompt tokens a llmfit llama.cpp request makes the server process. Its client (llmfit-core's
-# bench.rs) sends one of three short prompts a run (11 / 19 / 24 words: ~18 tokens on average)
-# in the model's chat template, after a warm-up request ("Say hello.") through the same
-# template; llama-server keeps the cached prefix (`cache_prompt`, on by default), so what runs
-# is the user text and the template's closing and assistant header: ~24 tokens.
+# bench.rs) sends one of three short prompts a run in the model's chat template, after a
+# warm-up request ("Say hello.") through the same template; llama-server keeps the cached
+# prefix (`cache_prompt`, on by default), so what runs is the user text and the template's
+# closing and assistant header. Counted with tightfit's tokenizer and the GGUF chat templates
+# of SmolLM2 and Gemma 3: 11, 18-20 and 23 tokens of text, 20-53 with the template, 16-29
+# after the warm-up's prefix (22-24 on average).
 LLMFIT_PROMPT_TOKENS = 24
 
 
