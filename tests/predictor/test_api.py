@@ -11,7 +11,7 @@ import pytest
 from tightfit.predictor import predict
 
 KEYS = {"id", "fits", "peak_memory_gb", "prefill_tok_s", "decode_tok_s", "ttft_s", "tpot_s",
-        "bottleneck", "factors", "interval"}
+        "request_tok_s", "bottleneck", "factors", "interval"}
 
 
 def test_contract_fields_and_consistency(row) -> None:
@@ -25,6 +25,19 @@ def test_contract_fields_and_consistency(row) -> None:
     assert sum(shares) == pytest.approx(1.0, abs=1e-3)
     assert out["bottleneck"] == "memory_bandwidth"
     assert {"bandwidth_saturation", "compute_saturation", "lambda_mem"} <= set(out["factors"])
+
+
+def test_request_rate_is_the_whole_request(row) -> None:
+    """`request_tok_s`: generated tokens over TTFT + one step per further token, what a client
+    that times a whole non-streamed request reports (llmfit does); a longer prompt lowers it."""
+    row["workload"] = {"prompt_tokens": 512, "gen_tokens": 64, "batch": 1}
+    (out,) = predict([row])
+    assert out["request_tok_s"] == pytest.approx(
+        64 / (out["ttft_s"] + 63 * out["tpot_s"]), rel=2e-3)
+    assert out["request_tok_s"] < out["decode_tok_s"]
+    row["workload"] = {"prompt_tokens": 4096, "gen_tokens": 64, "batch": 1}
+    (longer,) = predict([row])
+    assert longer["request_tok_s"] < out["request_tok_s"]
 
 
 def test_plausible_against_a_measured_neighbour(row) -> None:

@@ -9,19 +9,20 @@ from typing import Any, Sequence
 
 from tightfit.predictor import artefact, core, local
 from tightfit.predictor.models import PredictorModel
-from tightfit.predictor.scenario import RowError, parse_row
+from tightfit.predictor.scenario import RowError, Scenario, parse_row
 
 
 def _round(x: float | None, digits: int = 4) -> float | None:
     return None if x is None else float(f"{x:.{digits}g}")
 
 
-def to_json(p: core.Prediction) -> dict[str, Any]:
+def to_json(p: core.Prediction, s: Scenario) -> dict[str, Any]:
     return {
         "id": p.id, "fits": p.fits, "fits_on_device": p.fits_on_device,
         "peak_memory_gb": _round(p.peak_memory_gb), "offload_fraction": _round(p.offload_fraction, 3),
         "prefill_tok_s": _round(p.prefill_tok_s), "decode_tok_s": _round(p.decode_tok_s),
-        "ttft_s": _round(p.ttft_s), "tpot_s": _round(p.tpot_s), "bottleneck": p.bottleneck,
+        "ttft_s": _round(p.ttft_s), "tpot_s": _round(p.tpot_s),
+        "request_tok_s": _round(core.request_tok_s(p, s)), "bottleneck": p.bottleneck,
         "factors": p.factors,
         "interval": {k: [_round(lo), _round(hi)] for k, (lo, hi) in p.interval.items()},
         "notes": list(p.notes),
@@ -37,7 +38,7 @@ def predict_one(row: Any, model: PredictorModel | None = None) -> dict[str, Any]
         m = model or artefact.load()
         pred = core.predict_scenario(scenario, m, observed)
         f, note = local.factors(scenario, lambda s: core.predict_scenario(s, m))
-        return to_json(local.apply(pred, f, note) if note else pred)
+        return to_json(local.apply(pred, f, note) if note else pred, scenario)
     except RowError as exc:
         return {"id": rid, "error": {"field": exc.field, "message": str(exc)}}
 
