@@ -47,8 +47,9 @@ class Observation:
     # True: `value` is the tokens generated over the request's whole wall time, the prompt, the
     # request's own overhead and the first token included (llmfit's client for llama-server
     # divides a non-streamed reply's output tokens by its total milliseconds: the table's
-    # avg_decode_tps x avg_total_ms / 1000 = avg_output_tokens within 1% on its llamacpp
-    # rows), not the rate of the decode steps alone.
+    # avg_decode_tps x avg_total_ms / 1000 = avg_output_tokens, within 1% in the median of its
+    # llamacpp rows and 10% on every one: a mean of three runs' ratios), not the rate of the
+    # decode steps alone.
     whole_request: bool = False
 
 
