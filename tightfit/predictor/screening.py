@@ -26,7 +26,7 @@ CV_FOLDS = 10
 # within 0.0012 of each other (0.3053 / 0.3059 / 0.3065), so a margin of 0.001 chose between
 # near-equal sets by chance, and the choice flipped from fold to fold: tightfit's own rows, held
 # out by device, moved by up to 0.6 points with changes elsewhere in the data. Decode folds
-# (one-off script, 2026-12-05 21:40-21:50 UTC), by device / by model: 0.001 10.52% / 12.38%
+# (one-off script, 2026-12-05 21:38-21:46 UTC), by device / by model: 0.001 10.52% / 12.38%
 # (own rows 9.10%), 0.005 10.29% / 12.36% (own 8.55%), 0.01 10.31% / 12.37%, 0.02 10.35% (a
 # plateau; chosen after seeing these figures). Without the whole-request change of the same
 # evening it changes nothing (10.36% either way), and the device folds keep as many different
