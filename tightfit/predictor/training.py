@@ -23,8 +23,8 @@ class Sample:
     weights: list[float]
 
 
-def base_rate(o: Observation, phase: str) -> float:
-    b = roofline.analyse(o.scenario)
+def base_rate(o: Observation, phase: str, b: roofline.Breakdown) -> float:
+    """The analytic rate of the phase for the observation's scenario (`b`: its breakdown)."""
     w = o.scenario.workload
     if phase == "decode":
         return w.batch / b.decode.total
@@ -51,7 +51,7 @@ def sample(obs: Sequence[Observation], phase: str) -> Sample:
     for o in chosen:
         b = roofline.analyse(o.scenario)
         rows.append(features.features(o.scenario, b, phase))
-        y.append(math.log(measured_rate(o, phase, b) / base_rate(o, phase)))
+        y.append(math.log(measured_rate(o, phase, b) / base_rate(o, phase, b)))
         groups.append(o.device_key)
         wts.append(1.0 / math.sqrt(per_device[o.device_key]))
     return Sample(rows, y, groups, wts)
