@@ -76,6 +76,21 @@ def test_lfm2_5_files_take_the_lfm2_shapes() -> None:
     assert not architectures.lookup("LFM2.5-Audio-1.5B-Q4_K_M.gguf").shape_known  # no such size
 
 
+def test_qwen3_5_is_not_read_as_qwen3() -> None:
+    """Qwen3.5's 4B is a Gated DeltaNet hybrid with a 248k vocabulary, not Qwen3's 4B: the
+    family name must not match the start of a later version's."""
+    assert architectures.lookup("Qwen3-4B-Q4_K_M.gguf").n_layers == 36
+    m = architectures.lookup("Qwen_Qwen3.5-4B-Q4_K_M.gguf")
+    assert not m.shape_known and m.vocab_size == 248320 and m.kv_layers == m.n_layers // 4
+    # sizes with published configs come from the table, fine-tunes included
+    nine = architectures.lookup("Qwen3.5-9B-Claude-4.6-Opus-Reasoning-Distilled-v2.Q8_0.gguf")
+    assert nine.shape_known and (nine.n_layers, nine.kv_layers, nine.head_dim) == (32, 8, 256)
+    small = architectures.lookup("Qwen3.5-0.8B-Q4_0.gguf")
+    assert (small.hidden_size, small.kv_layers, small.ties_embeddings) == (1024, 6, True)
+    moe = architectures.lookup("Qwen_Qwen3.5-35B-A3B-Q4_K_M.gguf")
+    assert moe.is_moe and (moe.n_layers, moe.kv_layers) == (40, 10)
+
+
 def test_name_without_size_is_unknown() -> None:
     assert architectures.lookup("BAAI_AREX-Turbo-Q4_K_M.gguf") is None
 

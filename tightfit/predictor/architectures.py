@@ -115,6 +115,15 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("qwen3-30b-a3b", 30.5, 48, 2048, 32, 4, 151936, 768, active=3.3, head_dim=128),
     _m("qwen3-coder-next", 80.0, 48, 2048, 16, 2, 151936, 512, active=3.0, head_dim=256,
        attn=12),  # 3 Gated DeltaNet layers to 1 attention
+    # Qwen3.5 (text model; the same 3:1 Gated DeltaNet / gated-attention schedule, head_dim
+    # 256, a 248,320-entry vocabulary). Parameters counted from the configs: 0.8B 0.75e9 with
+    # its tied embedding (254M of it), 9B 8.95e9 with an untied one.
+    _m("qwen3.5-0.8b", 0.75, 24, 1024, 8, 2, 248320, 3584, head_dim=256, tied=True, attn=6),
+    _m("qwen3.5-9b", 8.95, 32, 4096, 16, 4, 248320, 12288, head_dim=256, tied=False, attn=8),
+    _m("qwen3.5-27b", 27.0, 64, 5120, 24, 4, 248320, 17408, head_dim=256, tied=False,
+       attn=16),
+    _m("qwen3.5-35b-a3b", 35.0, 40, 2048, 16, 2, 248320, 512, active=3.0, head_dim=256,
+       tied=False, attn=10),  # 256 experts of 512, 8 a token, one shared of 512
     _m("gemma-2-2b", 2.61, 26, 2304, 8, 4, 256000, 9216, head_dim=256, tied=True, swa=(4096, 13)),
     _m("gemma-2-9b", 9.24, 42, 3584, 16, 8, 256000, 14336, head_dim=256, tied=True,
        swa=(4096, 21)),
@@ -235,6 +244,12 @@ _FAMILY_HINTS: list[tuple[str, str]] = [
     ("phi4-mini", "phi-4-mini"), ("phi4:", "phi-4"),
     ("phi3:mini", "phi-3-mini"), ("phi3.5", "phi-3.5-mini"), ("phi3:medium", "phi-3-medium"),
 ]
+# Hybrid families not in the table at every size, and how many layers make one attention layer
+# in their published designs (the rest carry a recurrent state): Granite 4.0-H 1 in 10
+# (Mamba-2; the table's 32B has 4 of 40), Jamba 1 in 8 (Mamba), Kimi Linear 1 in 4 (KDA).
+_HYBRID_FAMILIES = (("granite-4.0-h", 10), ("jamba", 8), ("kimi-linear", 4))
+# Later versions that keep an earlier family's shapes at the same sizes (LFM2.5 = LFM2's).
+_SAME_SHAPES = {"lfm2.5": "lfm2"}
 # Whole names (after clean_name) that name a table entry without its size.
 _EXACT_NAMES = {"deepseek-r1": "deepseek-v3", "deepseek-r1-0528": "deepseek-v3",
                 "deepseek-v3.1": "deepseek-v3", "deepseek-v3-0324": "deepseek-v3"}
@@ -311,6 +326,17 @@ def lookup(name: str) -> ModelSpec | None:
     spec = estimate_shape(s, total, active)
     if "gemma" in s:  # Gemma ties its 262k-entry token embedding to the head at every size
         spec = replace(spec, vocab_size=262144, tied_embeddings=True)
+    if "qwen3.5" in s or "qwen3-next" in s:
+        # a Qwen3.5 / Qwen3-Next size not in the table (2B, 4B, 122B-A10B, 397B-A17B): every
+        # published config of the family attends on one layer in four (full_attention_interval
+        # 4; the others are Gated DeltaNet layers with a fixed state) with 256-wide heads, and
+        # Qwen3.5 has a 248,320-entry vocabulary. Without this a 128k context counted 4x the K/V.
+        spec = replace(spec, attention_layers=max(1, spec.n_layers // 4),
+                       head_dim=256, n_kv_heads=min(spec.n_kv_heads, 4),
+                       vocab_size=248320 if "qwen3.5" in s else spec.vocab_size)
+    for family, every in _HYBRID_FAMILIES:
+        if family in s:  # other hybrid families at sizes not in the table
+            spec = replace(spec, attention_layers=max(1, spec.n_layers // every))
     eff = _EFFECTIVE.search(s)
     if eff:  # of the 1.7x, ~1.25x is streamed (Gemma 3n / 4: 1.14x-1.37x), the rest looked up
         spec = replace(spec, per_layer_embed_params_b=0.45 * float(eff.group(1)))
@@ -330,15 +356,21 @@ def _table_key(s: str) -> str | None:
     total, active = parse_sizes(s)
     if total is None:
         return None
+    named = s
+    for later, same in _SAME_SHAPES.items():
+        named = named.replace(later, same)
     for key, spec in KNOWN.items():
-        if not spec.is_moe and _family_in(key.rsplit("-", 1)[0], s) and \
+        if not spec.is_moe and _family_in(key.rsplit("-", 1)[0], named) and \
                 _size_matches(key, total, active):
             return key
     return None
 
 
 def _family_in(family: str, s: str) -> bool:
-    return family in s or family.replace("-", "") in s.replace("-", "")
+    """The family's name in `s`, not as the start of a longer version ("qwen3" is not in
+    "qwen3.5-4b": Qwen3.5's 4B is a hybrid, not Qwen3's 4B)."""
+    return any(re.search(re.escape(f) + r"(?![.\d])", t) for f, t in
+               ((family, s), (family.replace("-", ""), s.replace("-", ""))))
 
 
 def _size_matches(key: str, total: float, active: float | None) -> bool:
