@@ -155,28 +155,50 @@ def test_preemption_modes_keep_greedy_output_identical(default_llm, solo, mode):
     assert [o.token_ids for o in outs] == solo
 
 
-def test_swap_of_int8_kv_is_exact(default_llm):
-    """int8 KV swaps its codes and scales as stored: output equals an unpreempted int8 run.
-    One thread: with two, the matmuls' split depends on the batch, and int8 rounding can turn
-    those last-bit differences into another token (measured: batch-of-4 vs alone differ)."""
+def test_swap_of_int8_kv_is_exact(default_llm, monkeypatch):
+    """int8 KV swaps its codes and scales as stored: in a real preempting run, every block a
+    swap-in writes back holds bit for bit what its swap-out took, and every request still gets
+    its full greedy output.
+
+    Token equality with an unpreempted int8 run is not asserted: it needs matrix products whose
+    rows do not depend on how many rows a call has, and on an Intel Xeon with AVX-512 (2026-12-06)
+    torch's fp32 `linear` of 4 rows differs from 4 calls of 1 row in the last bits (max 2.3e-5)
+    even on one thread; int8 rounding of K and V turned that into another token at step 5 of one
+    prompt in batch-of-4 vs one-at-a-time runs with no preemption at all. The fp32 cache keeps
+    that comparison (test_preemption_modes_keep_greedy_output_identical)."""
     import torch
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        _int8_swap_check(default_llm)
-    finally:
-        torch.set_num_threads(before)
+    from tightfit.engine import runner
 
+    taken: dict[int, list[torch.Tensor]] = {}
+    checked = []
+    store, load = runner.SwapSpace.store, runner.SwapSpace.load
 
-def _int8_swap_check(default_llm):
-    alone = default_llm.derive(kv_dtype="int8")
-    ref = [o.token_ids for o in alone.generate(PROMPTS, GREEDY)]
+    def members(space):
+        return [t for _, group in space.areas for t in group]
+
+    def spy_store(self, blocks, slots):
+        for b, s in zip(blocks, slots):
+            taken[s] = [t[b].clone() for t in members(self)]
+        store(self, blocks, slots)
+
+    def spy_load(self, slots, blocks):
+        load(self, slots, blocks)
+        for s, b in zip(slots, blocks):
+            got = [t[b] for t in members(self)]
+            checked.append(all(torch.equal(x, y) for x, y in zip(got, taken[s])))
+
+    monkeypatch.setattr(runner.SwapSpace, "store", spy_store)
+    monkeypatch.setattr(runner.SwapSpace, "load", spy_load)
     tiny = default_llm.derive(num_blocks=10, block_size=4, preemption_mode="swap",
                               kv_dtype="int8", tiers=(("all", 2048, 1.0),))
     outs = tiny.generate(PROMPTS, GREEDY, priorities=[3, 2, 1, 0])
-    assert tiny.engine.scheduler.num_swaps > 0
-    assert [o.token_ids for o in outs] == ref
+    assert tiny.engine.scheduler.num_swaps > 0 and checked, "no block was swapped back in"
+    assert all(checked)
+    # the int8 cache is what was swapped: codes (int8) and scales (fp32) both travelled
+    dtypes = {t.dtype for t in members(tiny.engine.runner.swap_space())}
+    assert dtypes == {torch.int8, torch.float32}
+    assert [len(o.token_ids) for o in outs] == [GREEDY.max_tokens] * len(PROMPTS)
 
 
 def test_priority_preemption_through_the_engine_keeps_outputs(default_llm, solo):
