@@ -245,9 +245,12 @@ _FAMILY_HINTS: list[tuple[str, str]] = [
     ("phi3:mini", "phi-3-mini"), ("phi3.5", "phi-3.5-mini"), ("phi3:medium", "phi-3-medium"),
 ]
 # Hybrid families not in the table at every size, and how many layers make one attention layer
-# in their published designs (the rest carry a recurrent state): Granite 4.0-H 1 in 10
-# (Mamba-2; the table's 32B has 4 of 40), Jamba 1 in 8 (Mamba), Kimi Linear 1 in 4 (KDA).
-_HYBRID_FAMILIES = (("granite-4.0-h", 10), ("jamba", 8), ("kimi-linear", 4))
+# in their published designs (the rest carry a recurrent state): Qwen3.5 and Qwen3-Next 1 in 4
+# (Gated DeltaNet; full_attention_interval 4 in every published config; without it a 128k
+# context counted 4x the K/V), Granite 4.0-H 1 in 10 (Mamba-2; the table's 32B has 4 of 40),
+# Jamba 1 in 8 (Mamba), Kimi Linear 1 in 4 (KDA).
+_HYBRID_FAMILIES = (("qwen3.5", 4), ("qwen3-next", 4), ("granite-4.0-h", 10), ("jamba", 8),
+                    ("kimi-linear", 4))
 # Later versions that keep an earlier family's shapes at the same sizes (LFM2.5 = LFM2's).
 _SAME_SHAPES = {"lfm2.5": "lfm2"}
 # Whole names (after clean_name) that name a table entry without its size.
@@ -326,17 +329,15 @@ def lookup(name: str) -> ModelSpec | None:
     spec = estimate_shape(s, total, active)
     if "gemma" in s:  # Gemma ties its 262k-entry token embedding to the head at every size
         spec = replace(spec, vocab_size=262144, tied_embeddings=True)
+    for family, every in _HYBRID_FAMILIES:
+        if family in s:  # a hybrid family at a size not in the table
+            spec = replace(spec, attention_layers=max(1, spec.n_layers // every))
     if "qwen3.5" in s or "qwen3-next" in s:
         # a Qwen3.5 / Qwen3-Next size not in the table (2B, 4B, 122B-A10B, 397B-A17B): every
-        # published config of the family attends on one layer in four (full_attention_interval
-        # 4; the others are Gated DeltaNet layers with a fixed state) with 256-wide heads, and
-        # Qwen3.5 has a 248,320-entry vocabulary. Without this a 128k context counted 4x the K/V.
-        spec = replace(spec, attention_layers=max(1, spec.n_layers // 4),
-                       head_dim=256, n_kv_heads=min(spec.n_kv_heads, 4),
+        # published config of the family has 256-wide heads, 2-4 of them for K/V, and Qwen3.5 a
+        # 248,320-entry vocabulary.
+        spec = replace(spec, head_dim=256, n_kv_heads=min(spec.n_kv_heads, 4),
                        vocab_size=248320 if "qwen3.5" in s else spec.vocab_size)
-    for family, every in _HYBRID_FAMILIES:
-        if family in s:  # other hybrid families at sizes not in the table
-            spec = replace(spec, attention_layers=max(1, spec.n_layers // every))
     eff = _EFFECTIVE.search(s)
     if eff:  # of the 1.7x, ~1.25x is streamed (Gemma 3n / 4: 1.14x-1.37x), the rest looked up
         spec = replace(spec, per_layer_embed_params_b=0.45 * float(eff.group(1)))
