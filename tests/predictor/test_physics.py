@@ -119,8 +119,8 @@ def test_apple_working_set_is_a_soft_cap(row) -> None:
     row["hardware"] = {"name": "M4 Pro", "kind": "apple", "memory_gb": 24,
                        "memory_bandwidth_gbps": 273, "fp16_tflops": 17}
     row["model"] = {"name": "gemma-3-27b-it"}
-    # 16k: its 52 windowed layers hold 1,536 positions, so 4096 would stay under 18 GiB
-    row["workload"]["context_tokens"] = 16384
+    # 24k: its 52 windowed layers hold 1,536 positions, so 4096 would stay under 18 GiB
+    row["workload"]["context_tokens"] = 24576
     b = _analyse(row)
     assert 0.75 * 24 < b.memory.peak_bytes / 2**30 < 0.9 * 24
     assert b.memory.fits and not b.memory.fits_on_device
@@ -254,7 +254,7 @@ def test_the_head_runs_once_a_prompt_and_an_untied_embedding_is_only_looked_up(r
     prof = engines.profile(s.engine, s.device.device_class, s.quant)
     lookup = memory.lookup_only_bytes(s, prof)
     assert memory.lookup_only_params(s) == pytest.approx(128256 * 4096)
-    assert lookup == pytest.approx(128256 * 4096 * 6.5625 / 8, rel=0.01)  # kept at Q6_K
+    assert lookup == pytest.approx(128256 * 4096 * 4.5 / 8, rel=0.01)  # Q4_K_M's base type, Q4_K
     dec = roofline.analyse(s)
     kv = dec.bytes_per_step - memory.active_weight_bytes(s, prof)
     assert memory.active_weight_bytes(s, prof) == pytest.approx(
@@ -479,6 +479,37 @@ def test_llama_cpp_keeps_the_context_asked_for_and_says_which_would_fit(row) -> 
     assert out["offload_fraction"] == 0 and not any("keeps every layer" in n for n in out["notes"])
 
 
+@pytest.mark.parametrize("quant,file_gb", [("Q8_0", 1.32), ("Q6_K", 1.02), ("Q5_K_M", 0.91),
+                                           ("Q5_K_S", 0.89), ("Q4_K_M", 0.81), ("Q4_K_S", 0.78)])
+def test_preset_weights_match_published_file_sizes(row, quant: str, file_gb: float) -> None:
+    """llama-quantize's head rule: Llama 3.2 1B's tied 128256 x 2048 embedding is its output head,
+    stored at Q6_K (2048 is whole 256-blocks), not Q8_0. The published files of one public
+    conversion: Q4_K_M 0.81 GB, and 0.87 GB for its Q4_K_L, which keeps embedding and head at
+    Q8_0 (what the predictor said for Q4_K_M before: 0.872)."""
+    row["model"] = {"name": "Llama-3.2-1B-Instruct"}
+    row["quant"] = quant
+    s = parse_row(row)
+    prof = engines.profile(s.engine, s.device.device_class, s.quant)
+    assert memory.weight_bytes(s, prof) / 1e9 == pytest.approx(file_gb, rel=0.02)
+
+
+def test_untied_head_is_streamed_at_q6_k_and_the_embedding_looked_up_at_the_base_type(row) -> None:
+    """Llama 3 8B Q4_K_M: output.weight Q6_K (streamed every step), token_embd.weight Q4_K (one
+    row a token); the whole file 4.92 GB as published."""
+    row["model"] = {"name": "Meta-Llama-3-8B"}
+    s = parse_row(row)
+    prof = engines.profile(s.engine, s.device.device_class, s.quant)
+    table = 128256 * 4096
+    total = memory.weight_bytes(s, prof)
+    assert total / 1e9 == pytest.approx(4.92, rel=0.02)
+    assert memory.lookup_only_bytes(s, prof) == pytest.approx(table * 4.5 / 8)
+    body = s.model.params_b * 1e9 - 2 * table
+    assert memory.active_weight_bytes(s, prof) == pytest.approx(
+        (body * s.bits_per_weight + table * 6.5625) / 8)
+    row["model"] = {"name": "gemma-3-270m"}  # 640 wide: the tied head falls back to Q8_0
+    assert memory.gguf_head_bits(parse_row(row)) == 8.5
+
+
 def test_float_embedding_and_head_of_a_tagged_preset(row) -> None:
     """`Q4_K_M-f16` (llama-quantize's --token-embedding-type / --output-tensor-type f16): the
     file holds the embedding and an untied head in f16, the rest as the preset. Llama 3 8B's two
@@ -496,16 +527,16 @@ def test_float_embedding_and_head_of_a_tagged_preset(row) -> None:
     assert 1.0 < tagged.decode.mem_s / plain.decode.mem_s < 1.25
     out = predict([row])[0]
     assert any("output head at 16 bits" in n for n in out["notes"])
-    row["model"] = {"name": "gemma-2-9b-it"}  # tied: one table, the head
+    row["model"] = {"name": "gemma-2-9b-it"}  # tied: one table, the head (Q6_K: 3584 = 14 x 256)
     row["quant"] = "Q4_K_M"
     tied = _analyse(row).memory.weights_bytes
     row["quant"] = "Q4_K_M-fp16"
     assert _analyse(row).memory.weights_bytes - tied == pytest.approx(
-        parse_row(row).model.embedding_params * (16 - 8.5) / 8, rel=0.01)
+        parse_row(row).model.embedding_params * (16 - 6.5625) / 8, rel=0.01)
     row["quant"] = "Q4_K_M"  # the tag in the model's file name, after the same preset
     row["model"] = {"name": "gemma-2-9b-it-Q4_K_M-fp16.gguf"}
     assert _analyse(row).memory.weights_bytes == pytest.approx(tied + (
-        parse_row(row).model.embedding_params * (16 - 8.5) / 8), rel=0.01)
+        parse_row(row).model.embedding_params * (16 - 6.5625) / 8), rel=0.01)
     row["quant"] = "Q8_0"  # another preset than the file's: the file name says nothing of it
     assert parse_row(row).embed_bits is None
     row["quant"] = "f16-Q4"

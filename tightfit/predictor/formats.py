@@ -88,6 +88,35 @@ _K_FALLBACK_BITS: dict[str, float] = {
 }
 
 
+# llama-quantize's types for a preset's two vocabulary-sized tensors (llama_tensor_get_type):
+# the output head, or a tied token embedding (which is the head), at Q6_K; at Q8_0 where a row
+# (the hidden size) is not a whole number of 256-weight blocks (SmolLM2 135M: 576, Gemma 3
+# 270M: 640; both files here hold Q8_0) or the preset is Q8_0; at Q5_K in the 1-2-bit presets.
+# An untied token embedding, only looked up, stays at the preset's base type (Q4_K in Q4_K_M;
+# Q2_K / IQ3_S / Q4_K in the presets below), with the 32-block fallback on such rows.
+_HEAD_Q6_K, _HEAD_Q8_0, _HEAD_Q5_K = 6.5625, 8.5, 5.5
+_Q5_K_HEAD_PRESETS = frozenset({"iq2_xxs", "iq2_xs", "iq3_xxs", "iq1_s", "iq2_s", "iq2_m", "iq1_m"})
+_EMBD_TYPE_OF_PRESET = {"iq2_xxs": "q2_k", "iq2_xs": "q2_k", "iq1_s": "q2_k", "iq1_m": "q2_k",
+                        "iq2_s": "iq3_s", "iq2_m": "iq3_s", "iq3_xxs": "iq3_s",
+                        "tq1_0": "q4_k", "tq2_0": "q4_k"}
+
+
+def gguf_head_bits(preset: str, bits: float, hidden: int) -> float:
+    """Bits of a GGUF preset's output head (`bits`: the preset's own on this model)."""
+    if bits >= _HEAD_Q8_0 or hidden % 256:
+        return max(bits, _HEAD_Q8_0)
+    return _HEAD_Q5_K if normalise(preset) in _Q5_K_HEAD_PRESETS else max(bits, _HEAD_Q6_K)
+
+
+def gguf_token_embd_bits(preset: str, bits: float, hidden: int) -> float:
+    """Bits of a GGUF preset's untied token embedding: its base type (`Q4_K_M` -> Q4_K)."""
+    key = normalise(preset)
+    base = _EMBD_TYPE_OF_PRESET.get(key) or re.sub(r"(_k)_(?:s|m|l|xl)$", r"\1", key)
+    if hidden % 256 and base in _K_FALLBACK_BITS:
+        return _K_FALLBACK_BITS[base]
+    return BITS_PER_WEIGHT.get(base, bits)
+
+
 def shape_fallback_share(hidden: int, q_out: int, kv_out: int, inter: int) -> float:
     """Share of a decoder layer's weights in tensors whose rows (input features) are not a
     multiple of 256: Q, K, V, gate and up read `hidden` features, the output projection

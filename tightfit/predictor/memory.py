@@ -59,10 +59,6 @@ def compute_dtype_bytes(s: Scenario) -> float:
     return 2.0
 
 
-_EMBED_MIN_BITS = 6.5625  # llama.cpp quant presets keep token embedding / output head at Q6_K or more
-_TIED_EMBED_MIN_BITS = 8.5  # ... and a tied one (it is the head too) at Q8_0 in both files here
-
-
 def embedding_params(s: Scenario) -> float:
     """vocab x hidden, capped for inconsistent shapes: a tied embedding can be most of a small
     model (63% of Gemma 3 270M), two untied ones at most all of it."""
@@ -70,9 +66,18 @@ def embedding_params(s: Scenario) -> float:
     return min(s.model.embedding_params, cap * s.model.params_b * 1e9)
 
 
-def gguf_embed_bits(s: Scenario) -> float:
-    floor = _TIED_EMBED_MIN_BITS if s.model.ties_embeddings else _EMBED_MIN_BITS
-    return max(s.bits_per_weight, floor)
+def gguf_head_bits(s: Scenario) -> float:
+    """Bits of a GGUF preset's output head, or of its tied token embedding (the head too)."""
+    if s.embed_bits is not None:
+        return s.embed_bits
+    return formats.gguf_head_bits(s.quant, s.bits_per_weight, s.model.hidden_size)
+
+
+def gguf_token_embd_bits(s: Scenario) -> float:
+    """Bits of a GGUF preset's untied token embedding (Q4_K_M: Q4_K)."""
+    if s.embed_bits is not None:
+        return s.embed_bits
+    return formats.gguf_token_embd_bits(s.quant, s.bits_per_weight, s.model.hidden_size)
 
 
 _MXFP4_REST_BITS = 8.5  # llama.cpp's MXFP4 files: routed experts MXFP4, all else Q8_0
@@ -95,10 +100,12 @@ def weight_bytes(s: Scenario, prof: EngineProfile) -> float:
         experts = min(s.model.expert_params_b * 1e9, total)
         return (experts * s.bits_per_weight + (total - experts) * _MXFP4_REST_BITS) / 8
     embed = embedding_params(s)
-    # a file tagged with a float embedding keeps an untied head in that type too
+    if s.model.ties_embeddings or not _is_gguf(s):
+        return ((total - embed) * s.bits_per_weight + embed * stored_embed_bits(s, prof)) / 8
+    # untied: the token embedding and the output head, each of its own type
     # (embedding_params caps an untied table at half the parameters, so both fit in the total)
-    heads = embed * (2 if s.embed_bits is not None and not s.model.ties_embeddings else 1)
-    return ((total - heads) * s.bits_per_weight + heads * stored_embed_bits(s, prof)) / 8
+    return ((total - 2 * embed) * s.bits_per_weight
+            + embed * (stored_embed_bits(s, prof) + stored_head_bits(s, prof))) / 8
 
 
 def _is_gguf(s: Scenario) -> bool:
@@ -107,14 +114,22 @@ def _is_gguf(s: Scenario) -> bool:
 
 def stored_embed_bits(s: Scenario, prof: EngineProfile) -> float:
     """Bits a token-embedding weight takes in `weight_bytes`: the compute dtype where the engine
-    holds it in float, Q8_0 beside MXFP4 experts, a GGUF preset's floor, else the format's."""
+    holds it in float, Q8_0 beside MXFP4 experts, a GGUF preset's type for it (the head's where
+    tied), else the format's."""
     if keeps_quantised(prof, s.quant) or prof.dequantises:
         return 8 * compute_dtype_bytes(s)
     if s.quant == "mxfp4" and s.model.expert_params_b:
         return _MXFP4_REST_BITS
     if not _is_gguf(s):
         return s.bits_per_weight
-    return s.embed_bits if s.embed_bits is not None else gguf_embed_bits(s)
+    return gguf_head_bits(s) if s.model.ties_embeddings else gguf_token_embd_bits(s)
+
+
+def stored_head_bits(s: Scenario, prof: EngineProfile) -> float:
+    """Bits of an untied output head in `weight_bytes` (a tied one is the embedding)."""
+    if _is_gguf(s) and not (keeps_quantised(prof, s.quant) or prof.dequantises):
+        return gguf_head_bits(s)
+    return stored_embed_bits(s, prof)
 
 
 def streamed_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
@@ -138,7 +153,7 @@ def held_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
         head_bits = 8 + 32 / m.hidden_size if gguf else s.bits_per_weight  # + a scale per row
         body = m.params_b * 1e9 - embed
     else:  # the head is a projection of its own, counted in the parameters
-        head_bits = embed_bits if gguf else s.bits_per_weight
+        head_bits = stored_head_bits(s, prof) if gguf else s.bits_per_weight
         body = max(m.params_b * 1e9 - 2 * embed, 0.0)
     return (body * s.bits_per_weight + embed * embed_bits + embed * head_bits) / 8
 
