@@ -119,7 +119,7 @@ def test_memory_parts_explain_the_peak(row) -> None:
     for out in (short, long):
         m = out["memory"]
         parts = m["runtime_gb"] + m["weights_gb"] + max(m["load_transient_gb"],
-                                                        m["kv_gb"] + m["buffers_gb"])
+                                                        m["kv_gb"] + m["state_gb"] + m["buffers_gb"])
         assert out["peak_memory_gb"] == pytest.approx(parts, rel=1e-3)
     assert short["memory"]["peak_phase"] == "load" and long["memory"]["peak_phase"] == "serving"
     assert long["peak_memory_gb"] > short["peak_memory_gb"]

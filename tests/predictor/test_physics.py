@@ -392,6 +392,26 @@ def test_a_hybrid_caches_k_and_v_for_its_attention_layers_only(row) -> None:
     from tightfit.predictor import predict
     p = predict([row])[0]
     assert p["peak_memory_gb"] < 16 and not any("on the host" in n for n in p["notes"])
+    # ... and its 24 Gated DeltaNet layers hold a fixed state a sequence, f32: 32 value heads of
+    # a 128 x 128 matrix, the convolution's last 3 inputs of Q, K, V (2 x 16 x 128 + 32 x 128):
+    # counted per sequence in memory, read and written back by every decode step
+    gdn = 24 * 4 * (32 * 128 * 128 + 3 * (2 * 16 * 128 + 32 * 128))
+    assert s.model.recurrent_state_bytes == gdn
+    one = memory.estimate(s, prof)
+    assert one.state_bytes == gdn and any("MiB a sequence, counted" in n for n in s.notes)
+    four = parse_row({**row, "workload": {**row["workload"], "batch": 4}})
+    assert memory.estimate(four, prof).state_bytes == 4 * gdn
+    assert memory.estimate(four, prof).peak_bytes - one.peak_bytes >= 3 * gdn + 3 * one.kv_bytes
+    assert roofline.analyse(s).bytes_per_step == pytest.approx(
+        memory.active_weight_bytes(s, prof) + memory.kv_bytes(s, prof, 1050) + 2 * gdn)
+    # Granite 4.0-H Small: 36 Mamba-2 layers of 8192 channels x d_state 128 (148 MiB a sequence)
+    assert parse_row({**row, "model": {"name": "granite-4.0-h-small"}}).model.recurrent_state_bytes \
+        == pytest.approx(36 * 4 * (8192 * 128 + 3 * (8192 + 256)))
+    # a config the table lacks: the state a layer given in MiB
+    given = parse_row({**row, "model": {"name": "my-hybrid", "params_b": 3, "n_layers": 20,
+                                        "hidden_size": 2048, "attention_layers": 5,
+                                        "state_mb_per_layer": 2}})
+    assert given.model.recurrent_state_bytes == 15 * 2 * 2**20
     # DeepSeek-Coder-V2-Lite attends through MLA: llama.cpp caches 512 + 64 values a layer
     row["model"] = {"name": "DeepSeek-Coder-V2-Lite-Instruct-Q4_K_M.gguf"}
     s = parse_row(row)

@@ -36,8 +36,11 @@ class ModelSpec:
     sliding_window: int = 0
     sliding_layers: int = 0
     # hybrids: only this many layers attend and cache K/V (0: all); the others keep a fixed
-    # recurrent or convolution state, not counted (LFM2, Granite 4.0-H, Qwen3-Next)
+    # recurrent or convolution state (LFM2, Granite 4.0-H, Qwen3-Next, Qwen3.5) ...
     attention_layers: int = 0
+    # ... of this many bytes a sequence in each such layer (llama.cpp holds it in f32, one per
+    # sequence slot; 0: not counted, as for LFM2's ~16 KB convolution caches)
+    state_bytes_per_layer: float = 0.0
 
     @property
     def kv_layers(self) -> int:
@@ -66,6 +69,11 @@ class ModelSpec:
             return self.tied_embeddings
         return self.embedding_params >= 0.09 * self.params_b * 1e9
 
+    @property
+    def recurrent_state_bytes(self) -> float:
+        """Bytes of recurrent (SSM / linear-attention / convolution) state one sequence holds."""
+        return self.state_bytes_per_layer * (self.n_layers - self.kv_layers)
+
     def kv_elements_per_token(self) -> int:
         """K and V elements stored per token, all layers."""
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim
@@ -74,11 +82,31 @@ class ModelSpec:
 def _m(name: str, p: float, layers: int, hidden: int, heads: int, kv: int, vocab: int,
        inter: int, active: float | None = None, head_dim: int | None = None,
        experts: float | None = None, ple: float = 0.0, tied: bool | None = None,
-       swa: tuple[int, int] = (0, 0), attn: int = 0) -> ModelSpec:
+       swa: tuple[int, int] = (0, 0), attn: int = 0, state: float = 0.0) -> ModelSpec:
     return ModelSpec(name, p, active if active is not None else p, layers, hidden, heads, kv,
                      vocab, inter, head_dim or hidden // heads, tied_embeddings=tied,
                      expert_params_b=experts, per_layer_embed_params_b=ple,
-                     sliding_window=swa[0], sliding_layers=swa[1], attention_layers=attn)
+                     sliding_window=swa[0], sliding_layers=swa[1], attention_layers=attn,
+                     state_bytes_per_layer=state)
+
+
+# Recurrent state a sequence holds in one layer, f32 as llama.cpp keeps it (its r/s tensors):
+# the recurrence's matrix state plus the short convolution's last (kernel - 1) inputs.
+def gated_deltanet_state(value_heads: int, key_heads: int = 16, key_dim: int = 128,
+                         value_dim: int = 128, conv: int = 4) -> float:
+    """Gated DeltaNet (Qwen3-Next, Qwen3.5): a key_dim x value_dim matrix per value head; the
+    convolution runs over Q, K and V."""
+    channels = 2 * key_heads * key_dim + value_heads * value_dim
+    return 4.0 * (value_heads * key_dim * value_dim + (conv - 1) * channels)
+
+
+def mamba_state(hidden: int, d_state: int, expand: int = 2, groups: int = 1,
+                conv: int = 4) -> float:
+    """Mamba-2 (Granite 4.0-H: d_state 128) and Mamba (Jamba: 16): d_state values per inner
+    channel (expand x hidden); Mamba-2's convolution also runs over its B and C groups."""
+    inner = expand * hidden
+    conv_channels = inner + (2 * groups * d_state if d_state > 16 else 0)
+    return 4.0 * (inner * d_state + (conv - 1) * conv_channels)
 
 
 # Public configuration values of common open models (parameters in billions, embeddings included;
@@ -114,16 +142,20 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("qwen3-32b", 32.8, 64, 5120, 64, 8, 151936, 25600, head_dim=128),
     _m("qwen3-30b-a3b", 30.5, 48, 2048, 32, 4, 151936, 768, active=3.3, head_dim=128),
     _m("qwen3-coder-next", 80.0, 48, 2048, 16, 2, 151936, 512, active=3.0, head_dim=256,
-       attn=12),  # 3 Gated DeltaNet layers to 1 attention
+       attn=12, state=gated_deltanet_state(32)),  # 3 Gated DeltaNet layers to 1 attention
     # Qwen3.5 (text model; the same 3:1 Gated DeltaNet / gated-attention schedule, head_dim
     # 256, a 248,320-entry vocabulary). Parameters counted from the configs: 0.8B 0.75e9 with
     # its tied embedding (254M of it), 9B 8.95e9 with an untied one.
-    _m("qwen3.5-0.8b", 0.75, 24, 1024, 8, 2, 248320, 3584, head_dim=256, tied=True, attn=6),
-    _m("qwen3.5-9b", 8.95, 32, 4096, 16, 4, 248320, 12288, head_dim=256, tied=False, attn=8),
+    # Gated DeltaNet value heads (16 key heads of 128 at every size): 0.8B 16, 9B and 35B-A3B 32,
+    # 27B 48.
+    _m("qwen3.5-0.8b", 0.75, 24, 1024, 8, 2, 248320, 3584, head_dim=256, tied=True, attn=6,
+       state=gated_deltanet_state(16)),
+    _m("qwen3.5-9b", 8.95, 32, 4096, 16, 4, 248320, 12288, head_dim=256, tied=False, attn=8,
+       state=gated_deltanet_state(32)),
     _m("qwen3.5-27b", 27.0, 64, 5120, 24, 4, 248320, 17408, head_dim=256, tied=False,
-       attn=16),
+       attn=16, state=gated_deltanet_state(48)),
     _m("qwen3.5-35b-a3b", 35.0, 40, 2048, 16, 2, 248320, 512, active=3.0, head_dim=256,
-       tied=False, attn=10),  # 256 experts of 512, 8 a token, one shared of 512
+       tied=False, attn=10, state=gated_deltanet_state(32)),  # 256 experts of 512, 8 a token
     _m("gemma-2-2b", 2.61, 26, 2304, 8, 4, 256000, 9216, head_dim=256, tied=True, swa=(4096, 13)),
     _m("gemma-2-9b", 9.24, 42, 3584, 16, 8, 256000, 14336, head_dim=256, tied=True,
        swa=(4096, 21)),
@@ -190,7 +222,7 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("granite-3.1-1b-a400m", 1.33, 24, 1024, 16, 8, 49155, 512, active=0.4),
     _m("granite-3.1-3b-a800m", 3.3, 32, 1536, 24, 8, 49155, 512, active=0.8),
     _m("granite-4.0-h-small", 32.0, 40, 4096, 32, 8, 100352, 1536, active=9.0,
-       attn=4),  # 36 Mamba-2 layers
+       attn=4, state=mamba_state(4096, 128)),  # 36 Mamba-2 layers
     _m("internlm3-8b", 8.8, 48, 4096, 32, 2, 128512, 10240),
     _m("yi-1.5-9b", 8.83, 48, 4096, 32, 4, 64000, 11008),
     _m("yi-1.5-34b", 34.4, 60, 7168, 56, 8, 64000, 20480),
@@ -249,8 +281,15 @@ _FAMILY_HINTS: list[tuple[str, str]] = [
 # (Gated DeltaNet; full_attention_interval 4 in every published config; without it a 128k
 # context counted 4x the K/V), Granite 4.0-H 1 in 10 (Mamba-2; the table's 32B has 4 of 40),
 # Jamba 1 in 8 (Mamba), Kimi Linear 1 in 4 (KDA).
-_HYBRID_FAMILIES = (("qwen3.5", 4), ("qwen3-next", 4), ("granite-4.0-h", 10), ("jamba", 8),
-                    ("kimi-linear", 4))
+# The state of each other layer by the family's published configs at other sizes (hidden ->
+# bytes): Qwen3.5 / Qwen3-Next 32 value heads in most (2B-122B), Granite 4.0-H Mamba-2 with
+# d_state 128 (350M, 1B, Micro, Small), Jamba Mamba with d_state 16, Kimi Linear's KDA heads
+# as Gated DeltaNet's.
+_HYBRID_FAMILIES = (("qwen3.5", 4, lambda h: gated_deltanet_state(32)),
+                    ("qwen3-next", 4, lambda h: gated_deltanet_state(32)),
+                    ("granite-4.0-h", 10, lambda h: mamba_state(h, 128)),
+                    ("jamba", 8, lambda h: mamba_state(h, 16)),
+                    ("kimi-linear", 4, lambda h: gated_deltanet_state(32)))
 # Later versions that keep an earlier family's shapes at the same sizes (LFM2.5 = LFM2's).
 _SAME_SHAPES = {"lfm2.5": "lfm2"}
 # Whole names (after clean_name) that name a table entry without its size.
@@ -329,9 +368,10 @@ def lookup(name: str) -> ModelSpec | None:
     spec = estimate_shape(s, total, active)
     if "gemma" in s:  # Gemma ties its 262k-entry token embedding to the head at every size
         spec = replace(spec, vocab_size=262144, tied_embeddings=True)
-    for family, every in _HYBRID_FAMILIES:
+    for family, every, state in _HYBRID_FAMILIES:
         if family in s:  # a hybrid family at a size not in the table
-            spec = replace(spec, attention_layers=max(1, spec.n_layers // every))
+            spec = replace(spec, attention_layers=max(1, spec.n_layers // every),
+                           state_bytes_per_layer=state(spec.hidden_size))
     if "qwen3.5" in s or "qwen3-next" in s:
         # a Qwen3.5 / Qwen3-Next size not in the table (2B, 4B, 122B-A10B, 397B-A17B): every
         # published config of the family has 256-wide heads, 2-4 of them for K/V, and Qwen3.5 a

@@ -82,11 +82,12 @@ def _context_note(s: Scenario, b: Breakdown) -> tuple[str, ...]:
 
 def _memory_parts(b: Breakdown) -> dict[str, float | str]:
     """Where the predicted peak comes from: peak = runtime + weights + max(load transient,
-    KV + buffers); `peak_phase` says which side is larger."""
+    KV + recurrent state + buffers); `peak_phase` says which side is larger."""
     m = b.memory
     parts: dict[str, float | str] = {
         f"{k}_gb": v / GB for k, v in (
-            ("weights", m.weights_bytes), ("kv", m.kv_bytes), ("buffers", m.buffers_bytes),
+            ("weights", m.weights_bytes), ("kv", m.kv_bytes), ("state", m.state_bytes),
+            ("buffers", m.buffers_bytes),
             ("runtime", m.runtime_bytes), ("load_transient", m.load_transient_bytes))}
     parts["peak_phase"] = m.peak_phase
     return parts

@@ -3,7 +3,8 @@
 peak = max(load peak, serving peak):
 - load peak    = runtime + weights as held + the loader's transient (a weight being converted,
                  an fp32 copy an engine makes while dequantising a GGUF file);
-- serving peak = runtime + weights as held + KV for the context + compute buffers.
+- serving peak = runtime + weights as held + KV for the context + a hybrid's recurrent state
+                 + compute buffers.
 Weights "as held" are what the engine keeps, not the file: tightfit keeps a GGUF token
 embedding in its stored blocks and, for a model whose head shares that embedding, builds a
 separate head in the compute format (int8 for stored GGUF formats); HF Transformers holds fp32;
@@ -51,6 +52,7 @@ class MemoryEstimate:
     fits: bool | None          # None when the host RAM needed for offload is unknown
     load_transient_bytes: float = 0.0  # held by the loader on top of the finished weights
     peak_phase: str = "serving"  # "load" when loading peaks above serving this workload
+    state_bytes: float = 0.0   # a hybrid's recurrent state for the batch's sequences
 
 
 def compute_dtype_bytes(s: Scenario) -> float:
@@ -222,6 +224,12 @@ def kv_bytes(s: Scenario, prof: EngineProfile, ctx: float) -> float:
     return kv_bytes_per_token(s, prof) * kv_tokens(s, prof, ctx) * s.workload.batch
 
 
+def state_bytes(s: Scenario) -> float:
+    """Recurrent state of a hybrid's non-attention layers for the batch's sequences: a fixed
+    size a sequence whatever the context (ModelSpec.recurrent_state_bytes)."""
+    return s.model.recurrent_state_bytes * s.workload.batch
+
+
 def kv_bytes_per_token(s: Scenario, prof: EngineProfile) -> float:
     dtype = s.workload.kv_dtype or prof.kv_dtype or (
         "fp16" if compute_dtype_bytes(s) == 2.0 else "fp32")
@@ -260,11 +268,12 @@ def runtime_bytes(s: Scenario, prof: EngineProfile) -> float:
 def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
     weights = held_weight_bytes(s, prof)
     kv = kv_bytes(s, prof, s.workload.context_tokens)
+    state = state_bytes(s)
     buffers = buffer_bytes(s, prof)
     gpu = s.device.device_class == "discrete_gpu"
     runtime = runtime_bytes(s, prof)
     transient = load_transient_bytes(s, prof, weights)
-    load_peak, serving_peak = weights + runtime + transient, weights + runtime + kv + buffers
+    load_peak, serving_peak = weights + runtime + transient, weights + runtime + kv + state + buffers
     peak = max(load_peak, serving_peak)
     capacity = s.device.memory_gb * GB * s.device.device_count * _USABLE[s.device.device_class]
     if gpu:  # what the engine leaves free on each card
@@ -273,11 +282,11 @@ def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
     frac, host = 1.0, 0.0
     if not fits_dev and gpu:  # the context is the one asked for: layers go to the host
         room = max(capacity - buffers - runtime - transient, 0.0)
-        frac = min(1.0, room / max(weights + kv, 1.0))
-        host = (1 - frac) * (weights + kv)
+        frac = min(1.0, room / max(weights + kv + state, 1.0))
+        host = (1 - frac) * (weights + kv + state)
     fits = _fits(s, fits_dev, gpu, host, prof, peak)
     return MemoryEstimate(weights, kv, buffers, runtime, peak, capacity, frac, host, fits_dev, fits,
-                          transient, "load" if load_peak > serving_peak else "serving")
+                          transient, "load" if load_peak > serving_peak else "serving", state)
 
 
 def max_context_on_device(s: Scenario, prof: EngineProfile) -> int | None:

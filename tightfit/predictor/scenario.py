@@ -119,8 +119,10 @@ def _kv_notes(m: ModelSpec, window_extra: int | None, context: int) -> list[str]
     """Say when a model's attention pattern changes the K/V counted (memory.kv_tokens)."""
     notes = []
     if m.kv_layers < m.n_layers:
+        state = (f"{m.recurrent_state_bytes / 2**20:.1f} MiB a sequence, counted"
+                 if m.recurrent_state_bytes else "not counted")
         notes.append(f"K/V for the {m.kv_layers} attention layers of {m.n_layers} (a hybrid: "
-                     "the others keep a fixed state, not counted)")
+                     f"the others keep a fixed state, {state})")
     local = m.window_layers
     if local > 0 and context > m.sliding_window:
         if window_extra is None:
@@ -261,6 +263,9 @@ def _model(m: dict[str, Any]) -> tuple[ModelSpec, float, list[str]]:
     ple = _number(m, "per_layer_embed_params_b", "model", 0, 20000)
     if ple is not None:
         updates["per_layer_embed_params_b"] = ple
+    state = _number(m, "state_mb_per_layer", "model", 0, 65536)
+    if state is not None:  # MiB a sequence in each non-attention layer of a hybrid
+        updates["state_bytes_per_layer"] = state * 2**20
     if "hidden_size" in updates and "n_heads" in updates and "head_dim" not in updates:
         updates["head_dim"] = updates["hidden_size"] // updates["n_heads"]
     known = spec.shape_known or {"n_layers", "hidden_size"} <= set(updates)
