@@ -407,6 +407,12 @@ def test_a_hybrid_caches_k_and_v_for_its_attention_layers_only(row) -> None:
     # Granite 4.0-H Small: 36 Mamba-2 layers of 8192 channels x d_state 128 (148 MiB a sequence)
     assert parse_row({**row, "model": {"name": "granite-4.0-h-small"}}).model.recurrent_state_bytes \
         == pytest.approx(36 * 4 * (8192 * 128 + 3 * (8192 + 256)))
+    # Jamba by name: Mamba (d_state 16) on twice the hidden width, its convolution on those
+    # channels alone
+    jamba = parse_row({**row, "model": {"name": "AI21-Jamba2-3B"}}).model
+    inner = 2 * jamba.hidden_size
+    assert jamba.state_bytes_per_layer == 4 * (inner * 16 + 3 * inner)
+    assert jamba.recurrent_state_bytes == jamba.state_bytes_per_layer * (jamba.n_layers - jamba.kv_layers)
     # a config the table lacks: the state a layer given in MiB
     given = parse_row({**row, "model": {"name": "my-hybrid", "params_b": 3, "n_layers": 20,
                                         "hidden_size": 2048, "attention_layers": 5,

@@ -100,12 +100,12 @@ def gated_deltanet_state(value_heads: int, key_heads: int = 16, key_dim: int = 1
     return 4.0 * (value_heads * key_dim * value_dim + (conv - 1) * channels)
 
 
-def mamba_state(hidden: int, d_state: int, expand: int = 2, groups: int = 1,
-                conv: int = 4) -> float:
+def mamba_state(hidden: int, d_state: int, mamba2: bool = True, expand: int = 2,
+                groups: int = 1, conv: int = 4) -> float:
     """Mamba-2 (Granite 4.0-H: d_state 128) and Mamba (Jamba: 16): d_state values per inner
     channel (expand x hidden); Mamba-2's convolution also runs over its B and C groups."""
     inner = expand * hidden
-    conv_channels = inner + (2 * groups * d_state if d_state > 16 else 0)
+    conv_channels = inner + (2 * groups * d_state if mamba2 else 0)
     return 4.0 * (inner * d_state + (conv - 1) * conv_channels)
 
 
@@ -288,7 +288,7 @@ _FAMILY_HINTS: list[tuple[str, str]] = [
 _HYBRID_FAMILIES = (("qwen3.5", 4, lambda h: gated_deltanet_state(32)),
                     ("qwen3-next", 4, lambda h: gated_deltanet_state(32)),
                     ("granite-4.0-h", 10, lambda h: mamba_state(h, 128)),
-                    ("jamba", 8, lambda h: mamba_state(h, 16)),
+                    ("jamba", 8, lambda h: mamba_state(h, 16, mamba2=False)),
                     ("kimi-linear", 4, lambda h: gated_deltanet_state(32)))
 # Later versions that keep an earlier family's shapes at the same sizes (LFM2.5 = LFM2's).
 _SAME_SHAPES = {"lfm2.5": "lfm2"}
