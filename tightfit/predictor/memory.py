@@ -114,11 +114,17 @@ def _is_gguf(s: Scenario) -> bool:
     return s.quant.startswith(("q", "iq", "tq"))
 
 
+def _embed_in_float(s: Scenario, prof: EngineProfile) -> bool:
+    """The engine holds the embedding (and head) in its compute dtype: it dequantises the
+    file, or keeps only the decoder's linear layers quantised (bitsandbytes, GPTQ, AWQ)."""
+    return keeps_quantised(prof, s.quant) or prof.dequantises
+
+
 def stored_embed_bits(s: Scenario, prof: EngineProfile) -> float:
     """Bits a token-embedding weight takes in `weight_bytes`: the compute dtype where the engine
     holds it in float, Q8_0 beside MXFP4 experts, a GGUF preset's type for it (the head's where
     tied), else the format's."""
-    if keeps_quantised(prof, s.quant) or prof.dequantises:
+    if _embed_in_float(s, prof):
         return 8 * compute_dtype_bytes(s)
     if s.quant == "mxfp4" and s.model.expert_params_b:
         return _MXFP4_REST_BITS
@@ -129,7 +135,7 @@ def stored_embed_bits(s: Scenario, prof: EngineProfile) -> float:
 
 def stored_head_bits(s: Scenario, prof: EngineProfile) -> float:
     """Bits of an untied output head in `weight_bytes` (a tied one is the embedding)."""
-    if _is_gguf(s) and not (keeps_quantised(prof, s.quant) or prof.dequantises):
+    if _is_gguf(s) and not _embed_in_float(s, prof):
         return gguf_head_bits(s)
     return stored_embed_bits(s, prof)
 
@@ -192,8 +198,7 @@ def lookup_only_bytes(s: Scenario, prof: EngineProfile) -> float:
     at its bits, per-layer embeddings with the body (in the compute dtype where the engine
     dequantises or streams its quantised layers at float speed, `streamed_weight_bytes`)."""
     untied = 0.0 if s.model.ties_embeddings else embedding_params(s) * stored_embed_bits(s, prof)
-    in_float = keeps_quantised(prof, s.quant) or prof.dequantises
-    ple_bits = 8 * compute_dtype_bytes(s) if in_float else s.bits_per_weight
+    ple_bits = 8 * compute_dtype_bytes(s) if _embed_in_float(s, prof) else s.bits_per_weight
     return (untied + per_layer_embed_params(s) * ple_bits) / 8
 
 

@@ -62,7 +62,7 @@ def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple
     m, w, d = s.model, s.workload, s.device
     ctx = w.prompt_tokens + w.gen_tokens / 2
     # K/V read, and a hybrid's recurrent state read and written back
-    kv_read = memory.kv_bytes(s, prof, ctx) + 2 * memory.state_bytes(s)
+    kv_read = memory.kv_bytes(s, prof, ctx) + 2 * mem.state_bytes
     weights = memory.active_weight_bytes(s, prof)
     step_bytes = weights + kv_read
     # the bytes as the engine's time sees them: an MoE's experts stream at moe_bw_rel
