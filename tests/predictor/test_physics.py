@@ -232,6 +232,41 @@ def test_ggml_f16_decode_on_a_cpu_computes_slower_so_a_second_thread_helps_more(
         engines.profile("tightfit", "cpu", "q8_0").decode_comp_eff  # torch's own kernels
 
 
+def test_llama_cpp_cpu_barriers_cost_more_with_more_threads() -> None:
+    """ggml's CPU threads meet at a barrier after every graph node, and a barrier costs more the
+    more threads spin on it: a step's overhead grows with the threads, which matters for a small
+    model on a many-core CPU (the llmfit table's 14-core Xeon ran sub-1B models at ~0.5-0.6 of
+    a base without it) and hardly for a large one."""
+    def decode(model: str, threads: int) -> roofline.Phase:
+        s = parse_row({"id": "x", "hardware": {"name": "cpu", "kind": "cpu", "memory_gb": 128,
+                                               "memory_bandwidth_gbps": 77.0,
+                                               "fp16_tflops": 0.077 * threads,
+                                               "cpu_cores": threads},
+                       "model": model, "quant": "Q4_K_M", "engine": "llama.cpp",
+                       "workload": {"prompt_tokens": 16, "gen_tokens": 128}})
+        return roofline.analyse(s).decode
+
+    def prefill_overhead(model: str, threads: int) -> float:
+        s = parse_row({"id": "x", "hardware": {"name": "cpu", "kind": "cpu", "memory_gb": 128,
+                                               "memory_bandwidth_gbps": 77.0,
+                                               "fp16_tflops": 0.077, "cpu_cores": threads},
+                       "model": model, "quant": "Q4_K_M", "engine": "llama.cpp",
+                       "workload": {"prompt_tokens": 512, "gen_tokens": 128}})
+        return roofline.analyse(s).prefill.overhead_s
+
+    prof = engines.profile("llama.cpp", "cpu", "q4_k_m")
+    small1, small14 = decode("SmolLM2-135M", 1), decode("SmolLM2-135M", 14)
+    assert small14.overhead_s - small1.overhead_s == pytest.approx(
+        13 * 30 * prof.sync_s_per_thread_layer)  # 30 layers
+    assert small14.shares()["overhead"] > 0.4 > small1.shares()["overhead"]
+    assert prefill_overhead("SmolLM2-135M", 14) == prefill_overhead("SmolLM2-135M", 1)  # decode only
+    large14 = decode("Meta-Llama-3-8B", 14)
+    assert large14.shares()["overhead"] < 0.1
+    # the engines whose thread pools were measured at 1-2 threads only, and GPUs, have none
+    for engine, cls in (("tightfit-lite", "cpu"), ("tightfit", "cpu"), ("llama.cpp", "discrete_gpu")):
+        assert engines.profile(engine, cls).sync_s_per_thread_layer == 0
+
+
 def test_the_head_runs_once_a_prompt_and_an_untied_embedding_is_only_looked_up(row) -> None:
     """Prefill multiplies the output head for the last position only (every engine here asks
     for the last token's logits), and an untied token embedding is read one row a token: its

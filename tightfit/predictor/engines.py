@@ -51,6 +51,9 @@ class EngineProfile:
     # a prompt call's attention scores (heads x positions a token) held in the compute buffer;
     # none with flash attention, which llama.cpp turns on by default where the backend has it
     score_buffer: bool = True
+    # a CPU thread pool's barriers after a layer's graph nodes: seconds a layer, per thread
+    # that meets at them (roofline adds it x the threads the run uses)
+    sync_s_per_thread_layer: float = 0.0
 
 
 def keeps_quantised(prof: EngineProfile, quant: str) -> bool:
@@ -173,8 +176,21 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
             # the held-out evaluation got worse overall (decode 16.1% -> 16.4%; own data 13.4%
             # -> 12.9% but llmfit 19.6% -> 20.7%, its Xeon rows 26% -> 33%, which inherit this
             # machine's llama.cpp residual), so it is not used.
+            # sync_s_per_thread_layer: ggml's CPU threads meet at a barrier after every node of
+            # the graph (views and reshapes included), ~25-30 nodes a layer in a decode step,
+            # and a barrier costs more the more threads spin on it: llama.cpp's own
+            # test-barrier, 2,000 nodes on an EPYC, reads ~2.0 us a node at 4 threads and
+            # ~3.0 us at 8 (its threadpool pull request), ~0.25 us a thread; x ~30 nodes and
+            # rounded up for older many-core parts: 10 us a layer per thread (5 us also tried).
+            # Without it the one many-core CPU in the data (the llmfit table's 14-core Xeon,
+            # its GPU unused) had its sub-1B models at ~0.5-0.6 of the base, which the residual
+            # then carried to every llama.cpp CPU row (this machine's small-model rows 35-43%
+            # too slow held out). Decode folds by device (one-off script, 2026-12-06 05:00 UTC):
+            # 10.64% -> 9.56% (5 us: 9.95%); own data 9.72% -> 7.80%, llmfit 11.93% -> 11.34%,
+            # Apple 6.23% -> 5.90%, the Xeon 15.7% -> 12.8% (docs/predictor.md).
             return EngineProfile(0.6, 0.5, 0.3, 4e-4, 2e-5, 0.01, 90, 0, False, "layer_split",
-                                 tokenizer_bytes_per_token=300, **_LLAMA_CPP)
+                                 tokenizer_bytes_per_token=300, sync_s_per_thread_layer=1e-5,
+                                 **_LLAMA_CPP)
         # device_margin_mb: llama.cpp's `--fit` (on by default since late 2025) places layers so
         # that 1024 MiB stay free on each GPU (`--fit-target`). With it, the llmfit table's
         # 12 GB and 8 GB cards held out by device: 29.7% -> 22.9% and 21.3% -> 18.5% decode MAPE

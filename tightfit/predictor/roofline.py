@@ -78,8 +78,19 @@ def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple
     comp_s = f * (flops + attn_flops * (1 / prof.attn_rel - 1)) / (
         d.fp16_tflops * 1e12 * prof.decode_comp_eff)
     off = _offload_decode(s, prof, timed_bytes, mem)  # the CPU's layers are MoE layers too
-    ovh = prof.step_overhead_s + prof.layer_overhead_s * m.n_layers + _HOP_S * (d.device_count - 1)
+    ovh = _layer_overhead_s(prof, s) * m.n_layers + prof.step_overhead_s + _HOP_S * (d.device_count - 1)
     return Phase(mem_s, comp_s, ovh, off), step_bytes, flops
+
+
+def _layer_overhead_s(prof: EngineProfile, s: Scenario) -> float:
+    """What a layer costs a decode step beyond its bytes and FLOPs: the engine's per-layer cost,
+    plus, on a CPU, its thread pool's barriers, which grow with the threads that meet at them.
+    A prompt call meets the same barriers, but they are ~0.1% of its time (0.6 ms against
+    ~0.5 s for 512 tokens of SmolLM2-135M at two threads) and prefill's base leaves them out:
+    counted there, prefill held out by model went 16.5% -> 19.4% and TTFT 17.5% -> 31.3%
+    through screening alone (`tightfit predictor evaluate`, 2026-12-06 05:05-05:14 UTC)."""
+    threads = (s.device.cpu_cores or s.device.compute_units) if s.device.device_class == "cpu" else 0
+    return prof.layer_overhead_s + prof.sync_s_per_thread_layer * threads
 
 
 def _offload_decode(s: Scenario, prof: EngineProfile, step_bytes: float, mem: MemoryEstimate) -> float:
