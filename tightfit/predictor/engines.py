@@ -180,8 +180,10 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
             # the graph (views and reshapes included), ~25-30 nodes a layer in a decode step,
             # and a barrier costs more the more threads spin on it: llama.cpp's own
             # test-barrier, 2,000 nodes on an EPYC, reads ~2.0 us a node at 4 threads and
-            # ~3.0 us at 8 (its threadpool pull request), ~0.25 us a thread; x ~30 nodes and
-            # rounded up for older many-core parts: 10 us a layer per thread (5 us also tried).
+            # ~3.0 us at 8 (its threadpool pull request), ~0.25 us a thread; x ~30 nodes: 10 us a
+            # layer per thread (5 us also tried). The barrier pull request's own table agrees:
+            # stories260k (5 layers) tg128 on an M3 Max at 4 / 8 / 12 threads, 7296 / 3272 /
+            # 2407 tok/s, i.e. 137 / 306 / 415 us a token, 7-8.5 us a layer per added thread.
             # Without it the one many-core CPU in the data (the llmfit table's 14-core Xeon,
             # its GPU unused) had its sub-1B models at ~0.5-0.6 of the base, which the residual
             # then carried to every llama.cpp CPU row (this machine's small-model rows 35-43%
