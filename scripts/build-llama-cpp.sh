@@ -30,11 +30,31 @@ if [ ! -d "$SRC" ]; then
   tar xzf "$WORK/src/llama_cpp_python-$VERSION.tar.gz" -C "$WORK/src"
 fi
 
-echo "== building llama.cpp (libllama, llama-bench, llama-server), $JOBS jobs"
-cmake -S "$SRC/vendor/llama.cpp" -B "$WORK/build" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
-  -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON >/dev/null
-cmake --build "$WORK/build" -j "$JOBS" --target llama llama-bench llama-server
+build() {  # $1: extra C/C++ flags
+  echo "== building llama.cpp (libllama, llama-bench, llama-server), $JOBS jobs ${1:+($1)}"
+  cmake -S "$SRC/vendor/llama.cpp" -B "$WORK/build" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+    "-DCMAKE_C_FLAGS=$1" "-DCMAKE_CXX_FLAGS=$1" >/dev/null
+  cmake --build "$WORK/build" -j "$JOBS" --target llama llama-bench llama-server
+}
+build ""
+
+# A CPU that lists AMX (Sapphire Rapids and later) gets ggml's AMX buffer type from the native
+# build, whose prompt kernels use AMX tile instructions. Some virtual machines list the AMX flags
+# but do not enable the tile state, and every prompt of more than one token then dies with
+# SIGILL (seen on a 2-core cloud VM, 2026-12-06; one-token decode runs). Probe a 16-token prompt
+# on the default model and, if it dies, build again without AMX.
+if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+  MODEL="$("$PY" -c 'from tightfit.engine.loader.resolve import _smollm2_path; print(_smollm2_path())')"
+  if ! "$WORK/build/bin/llama-bench" -m "$MODEL" -p 16 -n 0 -r 1 -t 1 >/dev/null 2>&1; then
+    echo "== this CPU lists AMX but a prompt with it failed (the VM does not enable AMX tiles?);"
+    echo "   building again without AMX"
+    build "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    "$WORK/build/bin/llama-bench" -m "$MODEL" -p 16 -n 0 -r 1 -t 1 >/dev/null \
+      || { echo "error: llama-bench still fails on a 16-token prompt" >&2; exit 1; }
+  fi
+fi
 
 echo "== installing the llama-cpp-python bindings on that library (no second compile)"
 CMAKE_ARGS="-DLLAMA_BUILD=OFF" "$PY" -m pip install "$SRC" -q
