@@ -47,12 +47,12 @@ build ""
 # on the default model and, if it dies, build again without AMX.
 if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
   MODEL="$("$PY" -c 'from tightfit.engine.loader.resolve import _smollm2_path; print(_smollm2_path())')"
-  if ! "$WORK/build/bin/llama-bench" -m "$MODEL" -p 16 -n 0 -r 1 -t 1 >/dev/null 2>&1; then
+  prompt_runs() { "$WORK/build/bin/llama-bench" -m "$MODEL" -p 16 -n 0 -r 1 -t 1 >/dev/null 2>&1; }
+  if ! prompt_runs; then
     echo "== this CPU lists AMX but a prompt with it failed (the VM does not enable AMX tiles?);"
     echo "   building again without AMX"
     build "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-    "$WORK/build/bin/llama-bench" -m "$MODEL" -p 16 -n 0 -r 1 -t 1 >/dev/null \
-      || { echo "error: llama-bench still fails on a 16-token prompt" >&2; exit 1; }
+    prompt_runs || { echo "error: llama-bench still fails on a 16-token prompt" >&2; exit 1; }
   fi
 fi
 

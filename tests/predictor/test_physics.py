@@ -237,30 +237,21 @@ def test_llama_cpp_cpu_barriers_cost_more_with_more_threads() -> None:
     more threads spin on it: a step's overhead grows with the threads, which matters for a small
     model on a many-core CPU (the llmfit table's 14-core Xeon ran sub-1B models at ~0.5-0.6 of
     a base without it) and hardly for a large one."""
-    def decode(model: str, threads: int) -> roofline.Phase:
-        s = parse_row({"id": "x", "hardware": {"name": "cpu", "kind": "cpu", "memory_gb": 128,
-                                               "memory_bandwidth_gbps": 77.0,
-                                               "fp16_tflops": 0.077 * threads,
-                                               "cpu_cores": threads},
-                       "model": model, "quant": "Q4_K_M", "engine": "llama.cpp",
-                       "workload": {"prompt_tokens": 16, "gen_tokens": 128}})
-        return roofline.analyse(s).decode
-
-    def prefill_overhead(model: str, threads: int) -> float:
-        s = parse_row({"id": "x", "hardware": {"name": "cpu", "kind": "cpu", "memory_gb": 128,
-                                               "memory_bandwidth_gbps": 77.0,
-                                               "fp16_tflops": 0.077, "cpu_cores": threads},
-                       "model": model, "quant": "Q4_K_M", "engine": "llama.cpp",
-                       "workload": {"prompt_tokens": 512, "gen_tokens": 128}})
-        return roofline.analyse(s).prefill.overhead_s
+    def analyse(model: str, threads: int) -> roofline.Breakdown:
+        return roofline.analyse(parse_row({
+            "id": "x", "hardware": {"name": "cpu", "kind": "cpu", "memory_gb": 128,
+                                    "memory_bandwidth_gbps": 77.0,
+                                    "fp16_tflops": 0.077 * threads, "cpu_cores": threads},
+            "model": model, "quant": "Q4_K_M", "engine": "llama.cpp",
+            "workload": {"prompt_tokens": 512, "gen_tokens": 128}}))
 
     prof = engines.profile("llama.cpp", "cpu", "q4_k_m")
-    small1, small14 = decode("SmolLM2-135M", 1), decode("SmolLM2-135M", 14)
-    assert small14.overhead_s - small1.overhead_s == pytest.approx(
+    small1, small14 = analyse("SmolLM2-135M", 1), analyse("SmolLM2-135M", 14)
+    assert small14.decode.overhead_s - small1.decode.overhead_s == pytest.approx(
         13 * 30 * prof.sync_s_per_thread_layer)  # 30 layers
-    assert small14.shares()["overhead"] > 0.4 > small1.shares()["overhead"]
-    assert prefill_overhead("SmolLM2-135M", 14) == prefill_overhead("SmolLM2-135M", 1)  # decode only
-    large14 = decode("Meta-Llama-3-8B", 14)
+    assert small14.decode.shares()["overhead"] > 0.4 > small1.decode.shares()["overhead"]
+    assert small14.prefill.overhead_s == small1.prefill.overhead_s  # decode only
+    large14 = analyse("Meta-Llama-3-8B", 14).decode
     assert large14.shares()["overhead"] < 0.1
     # the engines whose thread pools were measured at 1-2 threads only, and GPUs, have none
     for engine, cls in (("tightfit-lite", "cpu"), ("tightfit", "cpu"), ("llama.cpp", "discrete_gpu")):

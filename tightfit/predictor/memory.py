@@ -278,7 +278,8 @@ def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
     gpu = s.device.device_class == "discrete_gpu"
     runtime = runtime_bytes(s, prof)
     transient = load_transient_bytes(s, prof, weights)
-    load_peak, serving_peak = weights + runtime + transient, weights + runtime + kv + state + buffers
+    placed = weights + kv + state  # what goes to a GPU, or partly to the host when it is too small
+    load_peak, serving_peak = weights + runtime + transient, placed + runtime + buffers
     peak = max(load_peak, serving_peak)
     capacity = s.device.memory_gb * GB * s.device.device_count * _USABLE[s.device.device_class]
     if gpu:  # what the engine leaves free on each card
@@ -287,8 +288,8 @@ def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
     frac, host = 1.0, 0.0
     if not fits_dev and gpu:  # the context is the one asked for: layers go to the host
         room = max(capacity - buffers - runtime - transient, 0.0)
-        frac = min(1.0, room / max(weights + kv + state, 1.0))
-        host = (1 - frac) * (weights + kv + state)
+        frac = min(1.0, room / max(placed, 1.0))
+        host = (1 - frac) * placed
     fits = _fits(s, fits_dev, gpu, host, prof, peak)
     return MemoryEstimate(weights, kv, buffers, runtime, peak, capacity, frac, host, fits_dev, fits,
                           transient, "load" if load_peak > serving_peak else "serving", state)
