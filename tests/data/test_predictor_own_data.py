@@ -93,3 +93,56 @@ def test_repeats_of_one_configuration_become_their_median(tmp_path, make_row):
     assert by[(512, "prefill_tok_s")] == 400.0  # a repeat without the metric is skipped
     assert by[(512, "peak_memory_gb")] == pytest.approx(900 / 1024)
     assert dropped == {"repeat merged into its configuration's median": 2}
+
+
+def test_a_machine_is_held_out_at_every_thread_count(tmp_path, make_row):
+    """Two machines at 1 and 2 threads: four devices, two machines. Held out by machine, a
+    machine's rows are predicted by a fit that saw none of its thread counts; only tightfit's
+    rows are scored, and only their folds are fitted."""
+    from tightfit.predictor import evaluate
+
+    rows = [_decode_row(make_row, f"{m}{t}{p}", **{  # machine b decodes at half a's rate
+        "hardware.machine_id": m, "hardware.cpu_model": f"CPU {m}", "hardware.threads_used": t,
+        "config.threads": t, "workload.prompt_tokens_mean": float(p),
+        "results.decode_tok_s": 18.0 * t if m == "a" else 9.0 * t})
+        for m in ("a", "b") for t in (1, 2) for p in (128, 512)]
+    obs, _ = datasets.load_own([_write(tmp_path, rows)])
+    assert len({o.device_key for o in obs}) == 4
+    assert len({evaluate.by_machine(o) for o in obs}) == 2
+    shared = datasets.load_apple()
+    pairs = evaluate.cross_validate(shared + obs, evaluate.by_machine, screen=False,
+                                    scored=lambda o: o.source == "tightfit")
+    assert {id(o) for o, _ in pairs} == {id(o) for o in obs}
+    # the device split's fold for "a x1" still sees "a x2": its prediction differs
+    by_device = dict((id(o), p) for o, p in evaluate.cross_validate(
+        shared + obs, evaluate.device_key, screen=False, scored=lambda o: o.source == "tightfit"))
+    a1 = [(o, p) for o, p in pairs if o.metric == "decode_tok_s"
+          and o.scenario.device.cpu_cores == 1 and o.machine_key == obs[0].machine_key]
+    assert a1 and all(p.decode_tok_s != by_device[id(o)].decode_tok_s for o, p in a1)
+
+
+def test_calibrated_split_scales_the_calibration_engines_block_formats_only(tmp_path, make_row):
+    """evaluate.calibrated: a machine's row of calibrate's run (tightfit, default model, Q4_1,
+    128-token prompt, most threads) sets measured / predicted; its tightfit rows in block formats
+    are scaled by it, fp32 and other engines are not, and the calibration row is not scored."""
+    from tightfit.predictor import evaluate
+
+    def r(rid, **ch):
+        return _decode_row(make_row, rid, **{"workload.prompt_tokens_mean": 128.0,
+                                             "model.weight_format": "native", **ch})
+    rows = [r("cal", **{"results.decode_tok_s": 40.0}),  # ~0.5 of the base: inside the clip
+            r("long", **{"workload.prompt_tokens_mean": 512.0}),
+            r("f32", **{"model.weight_format": "fp32"}), r("hf", **{"config.backend": "hf"})]
+    obs, _ = datasets.load_own([_write(tmp_path, rows)])
+    pairs = evaluate.analytic_only(obs)
+    cal_o, cal_p = next((o, p) for o, p in pairs
+                        if o.scenario.id.endswith("cal") and o.metric == "decode_tok_s")
+    factor = cal_o.value / cal_p.decode_tok_s
+    assert 0.3 < factor < 0.8
+    got = {(o.scenario.id.split("-", 1)[1], o.metric): p for o, p in evaluate.calibrated(pairs)}
+    before = {(o.scenario.id.split("-", 1)[1], o.metric): p for o, p in pairs}
+    assert ("cal", "decode_tok_s") not in got
+    k = ("long", "decode_tok_s")
+    assert got[k].decode_tok_s == pytest.approx(before[k].decode_tok_s * factor)
+    for k in (("f32", "decode_tok_s"), ("hf", "decode_tok_s")):
+        assert got[k].decode_tok_s == before[k].decode_tok_s

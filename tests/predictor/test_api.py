@@ -136,3 +136,23 @@ def test_unknown_device_error_names_the_closest_catalog_entries() -> None:
     assert err["field"] == "hardware.memory_bandwidth_gbps"
     assert "RTX 3080 Laptop GPU" in err["message"] and "GeForce RTX 3080" in err["message"]
     assert out[1]["fits"] is True and any("16 GiB in its name" in n for n in out[1]["notes"])
+
+
+def test_the_band_is_the_device_classs_own(row) -> None:
+    """The shipped model keeps held-out residual quantiles per device class: a GPU's decode band
+    is the GPUs', a CPU's the CPUs' (two CPUs whose kernels differ 2x at equal probes make the
+    CPU band wide; a GPU's prediction does not carry it)."""
+    import math
+
+    from tightfit.predictor import artefact
+
+    decode = artefact.load().decode
+    bands = {c: decode.band(c) for c in ("discrete_gpu", "cpu")}
+    assert set(bands) <= set(decode.class_interval) and bands["cpu"] != bands["discrete_gpu"]
+    (gpu,) = predict([row])
+    cpu_row = dict(row, hardware={"name": "Raspberry Pi 5"}, model={"name": "SmolLM2-135M"},
+                   quant="Q4_0")
+    (cpu,) = predict([cpu_row])
+    for out, cls in ((gpu, "discrete_gpu"), (cpu, "cpu")):
+        lo, hi = out["interval"]["decode_tok_s"]
+        assert math.log(hi / lo) == pytest.approx(bands[cls][1] - bands[cls][0], rel=0.02)

@@ -1,7 +1,8 @@
 """`tightfit calibrate`: measure this machine's memory bandwidth and matmul rate, run the engine
-briefly on the embedded model, and store a device profile; `tightfit predict` then accepts
-hardware name "local" or "this", and predictions for the tightfit engine there are scaled by how
-the calibration run compared with its own prediction (tightfit/predictor/local.py)."""
+briefly on the embedded model (tightfit, and the lite runtime), and store a device profile;
+`tightfit predict` then accepts hardware name "local" or "this", and predictions for those
+engines there are scaled by how each engine's calibration run compared with its own prediction
+(tightfit/predictor/local.py)."""
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--size-mb", type=int, default=256, help="copy buffer size in MB (default 256)")
     p.add_argument("--matrix", type=int, default=1024, help="GEMM side length (default 1024)")
     p.add_argument("--no-engine", action="store_true",
-                   help="skip the short engine run (about 10 s: load the embedded model, one "
-                        "128-token prompt, 32 generated tokens)")
+                   help="skip the short engine runs (tightfit and the lite runtime, about 10 s "
+                        "each: load the embedded model, 128-token prompts, 32 generated tokens)")
     p.add_argument("--threads", type=int, default=None,
                    help="threads for the engine run (default: all cores)")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
@@ -33,25 +34,38 @@ ENGINE_PROMPT_TOKENS = 128
 ENGINE_GEN_TOKENS = 32
 
 
-def engine_run(threads: int | None) -> dict[str, object]:
-    """One short run of tightfit on the embedded model with its stored (native) weights: the
-    best of two for decode and prefill rates."""
-    from tightfit import LLM, SamplingParams
+ENGINES = ("tightfit", "tightfit-lite")
+
+
+def engine_run(threads: int | None, engine: str = "tightfit") -> dict[str, object]:
+    """One short run of an engine (tightfit, or the lite runtime) on the embedded model with its
+    stored (native) weights: the best of two for decode and prefill rates. Each engine's run
+    corrects predictions for that engine only: two CPUs can differ 2x in one engine's kernels
+    and not in another's (docs/predictor.md, "A second machine")."""
+    from tightfit import SamplingParams
     from tightfit.studies.workload_driver import corpus_ids
 
-    llm = LLM(quant="native", num_threads=threads)
+    if engine == "tightfit-lite":
+        from tightfit.lite import LiteLLM
+
+        llm = LiteLLM(num_threads=threads)
+        fresh = llm.derive
+    else:
+        from tightfit import LLM
+
+        llm = LLM(quant="native", num_threads=threads)
+        fresh = lambda: llm.derive(enable_prefix_caching=False)  # noqa: E731
     ids = corpus_ids(llm.tokenizer)
     params = SamplingParams(max_tokens=ENGINE_GEN_TOKENS, ignore_eos=True)
     best: dict[str, float] = {"decode_tok_s": 0.0, "prefill_tok_s": 0.0}
     for i in range(3):  # the first warms up
-        out = llm.derive(enable_prefix_caching=False).generate(
-            [ids[1000 * i:1000 * i + ENGINE_PROMPT_TOKENS]], params)[0]
+        out = fresh().generate([ids[1000 * i:1000 * i + ENGINE_PROMPT_TOKENS]], params)[0]
         if i == 0:
             continue
         best["decode_tok_s"] = max(best["decode_tok_s"], out.decode_tok_s or 0.0)
         best["prefill_tok_s"] = max(best["prefill_tok_s"], ENGINE_PROMPT_TOKENS / out.ttft_s)
     gguf_type = llm.loaded.path.name.rsplit(".", 2)[-2].lower()  # SmolLM2-...Q4_1.gguf -> q4_1
-    return {"engine": "tightfit", "model": "smollm2-135m", "quant": gguf_type,
+    return {"engine": engine, "model": "smollm2-135m", "quant": gguf_type,
             "threads": llm.num_threads, "prompt_tokens": ENGINE_PROMPT_TOKENS,
             "gen_tokens": ENGINE_GEN_TOKENS,
             **{k: round(v, 2) for k, v in best.items()}}
@@ -69,7 +83,15 @@ def run(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise TightfitError(f"--threads must be >= 1, got {args.threads}")
     spec = calibrate.measure(args.size_mb, args.matrix)
-    runs = [] if args.no_engine else [engine_run(args.threads)]
+    runs = []
+    for engine in () if args.no_engine else ENGINES:
+        try:
+            runs.append(engine_run(args.threads, engine))
+        except TightfitError as exc:
+            if engine == "tightfit":
+                raise
+            # the lite runtime compiles its kernels with the machine's C compiler at first use
+            print(f"engine run: {engine} skipped ({exc}); its predictions stay uncorrected")
     payload = calibrate.save_profile(spec, path, runs)
     if args.json:
         print(json.dumps(payload, indent=1))

@@ -13,8 +13,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     sub = p.add_subparsers(dest="predictor_command", metavar="ACTION")
     ev = sub.add_parser("evaluate", help="held-out accuracy: leave-one-device-out and "
                                          "leave-one-model-out on the shipped measurement tables")
-    ev.add_argument("--split", choices=("device", "model", "both"), default="both",
-                    help="which held-out split(s) to run (default both)")
+    ev.add_argument("--split", choices=("device", "machine", "model", "both", "all"),
+                    default="all",
+                    help="which held-out split(s) to run: device (a machine at one thread count), "
+                         "machine (each machine of tightfit's own dataset at all its thread "
+                         "counts; scores those rows only), model; both = device and model; "
+                         "default all three")
     ev.add_argument("--no-screen", action="store_true",
                     help="skip feature screening inside folds (faster; all candidate features)")
     ev.add_argument("--plots", metavar="DIR", help="write predicted-vs-measured PNGs here")
@@ -54,7 +58,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
         if not Path(path).is_file():
             raise TightfitError(f"--measurements {path!r} does not exist: give a dataset JSONL "
                                 "such as data/measurements/cpu-2core.jsonl")
-    splits = ("device", "model") if args.split == "both" else (args.split,)
+    splits = {"both": ("device", "model"), "all": ("device", "machine", "model")}.get(
+        args.split, (args.split,))
     result = report.run(splits, screen=not args.no_screen,
                         brief=args.brief_factors,
                         measurements=tuple(args.measurements), rates=args.rate_features)

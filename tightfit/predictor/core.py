@@ -99,8 +99,8 @@ def _band(value: float, lo: float, hi: float, widen: float) -> tuple[float, floa
 
 def _intervals(s: Scenario, model: PredictorModel, b: Breakdown, t_step: float, t_pre: float,
                ttft: float) -> dict[str, tuple[float, float]]:
-    dlo, dhi = model.decode.interval
-    plo, phi = model.prefill.interval
+    dlo, dhi = model.decode.band(s.device.device_class)
+    plo, phi = model.prefill.band(s.device.device_class)
     wid = s.widen
     mem = b.memory.peak_bytes / GB
     out = {

@@ -23,7 +23,9 @@ from tightfit.predictor.scenario import Scenario, Workload, stored_bits
 APPLE_FILE = "llamacpp_4167_apple_silicon_llama2_7b.tsv"
 LLMFIT_FILE = "llmfit_community_benchmarks.tsv"
 DESIGN_FILE = "design_reference.tsv"
-OWN_FILE = "tightfit_cpu_2core.jsonl"  # copy of data/measurements/cpu-2core.jsonl (bench sweep)
+# tightfit's own dataset, one file per machine, each a copy of data/measurements/<name>.jsonl (a
+# bench sweep): the 2-core AMD EPYC VM, and the 2-core Intel Xeon VM (the single-stream blocks).
+OWN_FILES = ("tightfit_cpu_2core.jsonl", "tightfit_cpu_2core_xeon.jsonl")
 MIN_OVER_AVG = 0.5       # rule: unstable run if the slowest repetition < half the average
 MAX_BW_UTIL = 1.15       # rule: physically impossible if implied bandwidth > 115% of peak
 # Prompt tokens a llmfit llama.cpp request makes the server process. Its client (llmfit-core's
@@ -51,6 +53,10 @@ class Observation:
     # llamacpp rows and 10% on every one: a mean of three runs' ratios), not the rate of the
     # decode steps alone.
     whole_request: bool = False
+    # The machine a run of tightfit's own dataset ran on, whatever its thread count (its
+    # `device_key` is the machine at the threads used): "" for the shared tables, whose device
+    # is the machine.
+    machine_key: str = ""
 
 
 def data_dir() -> Path:
@@ -60,9 +66,9 @@ def data_dir() -> Path:
 
 def data_hash(directory: Path | None = None) -> str:
     h = hashlib.sha256()
-    for name in (APPLE_FILE, LLMFIT_FILE, DESIGN_FILE, OWN_FILE):
+    for name in (APPLE_FILE, LLMFIT_FILE, DESIGN_FILE, *OWN_FILES):
         path = Path(directory or data_dir()) / name
-        if path.is_file() or name != OWN_FILE:
+        if path.is_file() or name not in OWN_FILES:
             h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
@@ -242,9 +248,9 @@ def load_all(directory: Path | None = None) -> tuple[list[Observation], Counter[
     fits = [Observation(o.scenario, "fits", 1.0, o.device_key, o.model_key, "llmfit")
             for o in relabelled]
     own: list[Observation] = []
-    own_path = Path(directory or data_dir()) / OWN_FILE
-    if own_path.is_file():
-        own, own_dropped = load_own([own_path])
+    own_paths = [p for p in (Path(directory or data_dir()) / n for n in OWN_FILES) if p.is_file()]
+    if own_paths:
+        own, own_dropped = load_own(own_paths)
         dropped.update({f"tightfit data: {k}": v for k, v in own_dropped.items()})
     return load_apple(directory) + relabelled + fits + load_design(directory) + own, dropped
 
@@ -291,7 +297,7 @@ def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:
     from tightfit.data import read_measurements
 
     dropped: Counter[str] = Counter()
-    groups: dict[tuple[Any, ...], tuple[Scenario, str, str, list[dict[str, float | None]]]] = {}
+    groups: dict[tuple[Any, ...], tuple[Scenario, str, str, str, list[dict[str, float | None]]]] = {}
     for m in read_measurements([str(p) for p in paths]).measurements:
         w, c, r, md = m.workload, m.config, m.results, m.model
         if m.status != "ok" or r is None:
@@ -318,6 +324,7 @@ def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:
         device = own_device(m.hardware)
         sc = Scenario(f"tightfit-{m.id}", device, model, quant, bpw, engine, wl)
         key = hardware.normalise_name(device.name)
+        machine = hardware.normalise_name(f"{m.hardware.cpu_model} ({m.hardware.machine_id})")
         values = {"decode_tok_s": r.decode_tok_s, "prefill_tok_s": r.prefill_tok_s,
                   "ttft_s": r.ttft_s_p50,
                   "peak_memory_gb": None if r.peak_rss_mib is None else r.peak_rss_mib / 1024}
@@ -326,15 +333,15 @@ def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:
         config = (key, c.backend, md.name, quant, c.kv_dtype, prompt, w.gen_tokens_mean,
                   w.scenario)
         if config in groups:
-            groups[config][3].append(values)
+            groups[config][4].append(values)
             dropped["repeat merged into its configuration's median"] += 1
         else:
-            groups[config] = (sc, key, model_key(md.name), [values])
+            groups[config] = (sc, key, model_key(md.name), machine, [values])
     out: list[Observation] = []
-    for sc, key, mkey, repeats in groups.values():
+    for sc, key, mkey, machine, repeats in groups.values():
         for metric in repeats[0]:
             got = [v[metric] for v in repeats if v[metric] is not None and v[metric] > 0]
             if got:
                 out.append(Observation(sc, metric, float(statistics.median(got)), key, mkey,
-                                       "tightfit"))
+                                       "tightfit", machine_key=machine))
     return out, dropped

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from tightfit.predictor import core, features, roofline, training
 from tightfit.predictor.datasets import Observation
@@ -88,17 +88,21 @@ def fold_of(groups: Sequence[str], n_folds: int | None, seed: int = 0) -> dict[s
 
 def cross_validate(obs: Sequence[Observation], key: Callable[[Observation], str],
                    screen: bool = True, n_folds: int | None = None,
-                   exclude: Sequence[str] = (), brief: str = "default", rates: str = "default"
+                   exclude: Sequence[str] = (), brief: str = "default", rates: str = "default",
+                   scored: Callable[[Observation], bool] | None = None
                    ) -> list[tuple[Observation, core.Prediction]]:
     """Predictions for every observation from a model fitted without its group (all rows of a
-    group are held out together; n_folds groups several groups into one fold)."""
+    group are held out together; n_folds groups several groups into one fold). `scored`: predict
+    only the rows it accepts (folds holding none of them are not fitted)."""
     folds = fold_of([key(o) for o in obs], n_folds)
+    wanted = {folds[key(o)] for o in obs if scored is None or scored(o)}
     out = []
-    for fold in sorted(set(folds.values())):
+    for fold in sorted(wanted):
         train = [o for o in obs if folds[key(o)] != fold]
         model = PredictorModel(_fit(train, "decode", screen, exclude, brief, rates),
                                _fit(train, "prefill", screen, exclude, brief, rates), "cv")
-        out += [(o, core.predict_scenario(o.scenario, model)) for o in obs if folds[key(o)] == fold]
+        out += [(o, core.predict_scenario(o.scenario, model)) for o in obs
+                if folds[key(o)] == fold and (scored is None or scored(o))]
     return out
 
 
@@ -156,3 +160,54 @@ def by_model(o: Observation) -> str:
 
 def device_key(o: Observation) -> str:
     return o.device_key
+
+
+def by_machine(o: Observation) -> str:
+    """A machine of tightfit's own dataset held out at every thread count at once (leave-one-
+    device-out holds out one thread count, its other thread count still in the fit)."""
+    return o.machine_key or o.device_key
+
+
+# `tightfit calibrate`'s engine runs: tightfit and the lite runtime, the embedded default model
+# as stored (Q4_1), a 128-token prompt, every core (the dataset's rows of that configuration
+# generate 128 tokens where calibrate generates 32).
+CALIBRATION_ENGINES = ("tightfit", "tightfit-lite")
+CALIBRATION_RUN = ("default", "q4_1", 128)
+
+
+def calibrated(pairs: Sequence[tuple[Observation, core.Prediction]]
+               ) -> list[tuple[Observation, core.Prediction]]:
+    """Held-out predictions of tightfit's own rows as `tightfit calibrate` on each machine would
+    correct them (predictor/local.py): the machine's row of an engine's calibration run, at its
+    most threads, gives measured / predicted for decode and prefill (clipped as local.py clips),
+    and that scales the predictions of the same engine's other rows on the machine whose
+    weights it carries to (local.carries: not float weights). Engines calibrate does not run
+    (HF, llama.cpp) are left as they are; the calibration rows themselves are not scored. Rows
+    of a machine without a calibration row are dropped."""
+    from tightfit.predictor import local
+
+    def is_run(s: Any) -> bool:
+        return (s.engine in CALIBRATION_ENGINES
+                and (s.model.name, s.quant, s.workload.prompt_tokens) == CALIBRATION_RUN)
+
+    runs: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
+    for o, p in pairs:
+        got = predicted(o, p)
+        if is_run(o.scenario) and o.metric in ("decode_tok_s", "prefill_tok_s") and got:
+            f = max(1 / local.MAX_FACTOR, min(local.MAX_FACTOR, o.value / got))
+            runs.setdefault((by_machine(o), o.scenario.engine), {}).setdefault(
+                o.scenario.device.cpu_cores, {})[o.metric] = f
+    machines = {m for m, _ in runs}
+    out = []
+    for o, p in pairs:
+        s, key = o.scenario, (by_machine(o), o.scenario.engine)
+        if key[0] not in machines:
+            continue
+        if key in runs:
+            cores = max(runs[key])
+            if is_run(s) and s.device.cpu_cores == cores:
+                continue
+            if local.carries(CALIBRATION_RUN[1], s.quant):
+                p = local.apply(p, runs[key][cores], "calibrated")
+        out.append((o, p))
+    return out

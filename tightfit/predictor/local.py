@@ -5,7 +5,8 @@ real engine (decode and prefill rates of a known model). For a scenario on the l
 the same engine, the predictor's own prediction of that calibration run is compared with what
 was measured, and the ratio (clipped to [1/4, 4]) scales the scenario's decode and prefill
 predictions: the machine's quirks the specs miss (threading, kernels, contention at calibration
-time) carry over to models it has not run. Pure: no torch.
+time) carry over to models it has not run, in weights of the same kind (`carries`). Pure: no
+torch.
 """
 from __future__ import annotations
 
@@ -18,6 +19,16 @@ from tightfit.predictor.scenario import Scenario, Workload, device_profile_path,
 
 MAX_FACTOR = 4.0
 LOCAL_NOTE = "hardware from the local device profile"
+FLOAT_WEIGHTS = ("f32", "fp32", "f16", "fp16", "bf16")
+
+
+def carries(run_quant: str, quant: str) -> bool:
+    """Whether a calibration run's correction carries to a scenario's weights: block / integer
+    formats decode through compute-bound dot-product kernels, float weights through a GEMV that
+    streams memory, and a CPU's speed at one says little about the other (two 2-core VMs in
+    tightfit's dataset: the one whose Q4_1 kernels run at half the other's speed streams fp32
+    weights as fast; docs/predictor.md, "A second machine")."""
+    return (run_quant.lower() in FLOAT_WEIGHTS) == (quant.lower() in FLOAT_WEIGHTS)
 
 
 def engine_runs() -> list[dict[str, Any]]:
@@ -45,7 +56,7 @@ def factors(s: Scenario, predict: Any) -> tuple[dict[str, float], str | None]:
     if LOCAL_NOTE not in s.notes:
         return {}, None
     for run in engine_runs():
-        if run.get("engine") != s.engine:
+        if run.get("engine") != s.engine or not carries(str(run.get("quant", "")), s.quant):
             continue
         cal = calibration_scenario(s, run)
         if cal is None:

@@ -30,6 +30,9 @@ class ResidualModel:
     intercept: float
     alpha: float
     interval: tuple[float, float] = (-0.3, 0.3)  # held-out log-residual quantiles (5%, 95%)
+    # The same quantiles for each device class with enough held-out residuals of its own
+    # (training.MIN_BAND_ROWS): a CPU's band is not a GPU's. Others take `interval`.
+    class_interval: dict[str, tuple[float, float]] = field(default_factory=dict)
     info: dict[str, object] = field(default_factory=dict)
     z_lo: tuple[float, ...] = ()   # standardised training range; inputs are clipped to it so a
     z_hi: tuple[float, ...] = ()   # scenario unlike the data falls back towards the analytic base
@@ -76,6 +79,10 @@ class ResidualModel:
         cols = [z[n] for n in self.base] + [z[a] * z[b] for a, b in self.crosses]
         return self.intercept + sum(c * x for c, x in zip(self.coef, cols))
 
+    def band(self, device_class: str) -> tuple[float, float]:
+        """The 5% / 95% held-out log-residual quantiles for a device of this class."""
+        return self.class_interval.get(device_class, self.interval)
+
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
@@ -87,6 +94,8 @@ class ResidualModel:
             mean=tuple(d["mean"]), scale=tuple(d["scale"]),  # type: ignore[arg-type]
             coef=tuple(d["coef"]), intercept=float(d["intercept"]),  # type: ignore[arg-type]
             alpha=float(d["alpha"]), interval=tuple(d["interval"]),  # type: ignore[arg-type]
+            class_interval={str(k): (float(v[0]), float(v[1]))  # type: ignore[index]
+                            for k, v in dict(d.get("class_interval", {})).items()},  # type: ignore[call-overload]
             info=dict(d.get("info", {})),  # type: ignore[call-overload]
             z_lo=tuple(d.get("z_lo", ())), z_hi=tuple(d.get("z_hi", ())),  # type: ignore[arg-type]
             class_z={str(k): (tuple(v[0]), tuple(v[1]))  # type: ignore[index]

@@ -1,7 +1,10 @@
 """The `tightfit predictor evaluate` report: runs the splits and renders text or JSON.
 
-Splits: leave-one-device-out (one fold per device) and leave-one-model-out (every row of a model
-held out together; models dealt into 10 seeded folds to keep the run short).
+Splits: leave-one-device-out (one fold per device; a machine of tightfit's own dataset at one
+thread count is a device), leave-one-machine-out (each machine of tightfit's own dataset held out
+at all its thread counts; scored on those rows only, the other rows' folds being the device
+split's) and leave-one-model-out (every row of a model held out together; models dealt into 10
+seeded folds to keep the run short).
 """
 from __future__ import annotations
 
@@ -35,15 +38,27 @@ def run(splits: tuple[str, ...] = ("device", "model"), screen: bool = True,
     out["analytic"] = {k: evaluate.summarise(base, v) for k, v in SOURCES.items()}
     pairs_by_split = {}
     for split in splits:
-        key = evaluate.device_key if split == "device" else evaluate.by_model
-        folds = None if split == "device" else model_folds
+        key = {"device": evaluate.device_key, "machine": evaluate.by_machine,
+               "model": evaluate.by_model}[split]
+        folds = model_folds if split == "model" else None
+        # the machine split differs from the device split on tightfit's own rows only
+        scored = (lambda o: o.source == "tightfit") if split == "machine" else None
         pairs = evaluate.cross_validate(obs, key, screen=screen, n_folds=folds, exclude=exclude,
-                                        brief=brief, rates=rates)
+                                        brief=brief, rates=rates, scored=scored)
         pairs_by_split[split] = pairs
-        out[f"held_out_{split}"] = {k: evaluate.summarise(pairs, v) for k, v in SOURCES.items()}
+        out[f"held_out_{split}"] = {k: evaluate.summarise(pairs, v) for k, v in SOURCES.items()
+                                    if split != "machine" or k == "tightfit"}
+        if split == "machine":
+            cal = evaluate.calibrated(pairs)
+            out["held_out_machine_calibrated"] = {"tightfit": evaluate.summarise(cal)}
+            out["per_machine"] = {m: evaluate.summarise([(o, p) for o, p in pairs
+                                                         if evaluate.by_machine(o) == m])
+                                  for m in sorted({evaluate.by_machine(o) for o, _ in pairs})}
         if split == "device":
             out["per_device"] = _per_device(pairs)
         out.setdefault("per_engine", {})[split] = _per_engine(pairs)
+        if split == "machine":
+            out["per_engine"]["machine_calibrated"] = _per_engine(cal)
     out["_pairs"] = pairs_by_split
     return out
 
@@ -116,6 +131,13 @@ def render(result: dict[str, Any]) -> str:
                                  f"{_fmt(s['max']):>8s}" + (
                                      f"  within 10%/150 MB {s['within_target']:.0f}%"
                                      if "within_target" in s else ""))
+    if "per_machine" in result:
+        lines += ["", "[held_out_machine: tightfit dataset per machine]",
+                  f"{'machine':40s}{'metric':16s}{'n':>5s}{'MAPE%':>8s}{'max%':>8s}"]
+        for machine, table in result["per_machine"].items():
+            for metric, s in table.items():
+                lines.append(f"{machine[:40]:40s}{metric:16s}{s['n']:5d}{_fmt(s['mape']):>8s}"
+                             f"{_fmt(s['max']):>8s}")
     if "per_device" in result:
         lines += ["", "[held_out_device: decode per device]", f"{'device':32s}{'n':>5s}{'MAPE%':>8s}{'max%':>8s}"]
         for d, s in result["per_device"].items():

@@ -98,30 +98,45 @@ def fit_phase(obs: Sequence[Observation], phase: str, candidates: Sequence[str] 
     else:
         kept, crosses, info = names, [], {"threshold": None}
     model = models.fit(phase, smp.rows, smp.target, kept, crosses, smp.weights)
-    interval = _band(smp, kept, crosses, phase) if band else model.interval
+    interval, by_class = _band(smp, kept, crosses, phase) if band else (model.interval, {})
     info["n_rows"] = len(smp.rows)
-    return replace(model, interval=interval, info=info, known_classes=placed,
+    return replace(model, interval=interval, class_interval=by_class, info=info,
+                   known_classes=placed,
                    known_engines=tuple(sorted({models.engine_of(r) for r in smp.rows}))
                    if phase in features.PHYSICS_FOR_UNSEEN_ENGINE else (),
                    unseen_class_physics=phase in features.PHYSICS_FOR_UNSEEN_CLASS,
                    unplaced_class_physics=phase in features.PHYSICS_FOR_UNPLACED_CLASS)
 
 
-def _band(smp: Sample, kept: list[str], crosses: list[tuple[str, str]],
-          phase: str) -> tuple[float, float]:
-    """5% and 95% quantiles of leave-one-device-out log residuals."""
-    res = []
+MIN_BAND_ROWS = 30  # held-out residuals a device class needs for a band of its own
+
+
+def _quantiles(res: list[float]) -> tuple[float, float]:
+    res = sorted(res)
+    return (res[int(0.05 * (len(res) - 1))], res[int(0.95 * (len(res) - 1))])
+
+
+def _band(smp: Sample, kept: list[str], crosses: list[tuple[str, str]], phase: str
+          ) -> tuple[tuple[float, float], dict[str, tuple[float, float]]]:
+    """5% and 95% quantiles of leave-one-device-out log residuals: over every row, and per
+    device class with at least MIN_BAND_ROWS rows (two CPUs whose kernels differ 2x at equal
+    probes make the CPU band wide; a GPU's prediction should not carry it)."""
+    res: list[tuple[str, float]] = []
     for g in sorted(set(smp.groups)):
         tr = [i for i, x in enumerate(smp.groups) if x != g]
         if not tr:
             continue
         m = models.fit(phase, [smp.rows[i] for i in tr], [smp.target[i] for i in tr], kept,
                        crosses, [smp.weights[i] for i in tr])
-        res += [smp.target[i] - m.predict_log(smp.rows[i]) for i, x in enumerate(smp.groups) if x == g]
+        res += [(models.device_class_of(smp.rows[i]), smp.target[i] - m.predict_log(smp.rows[i]))
+                for i, x in enumerate(smp.groups) if x == g]
     if len(res) < 5:
-        return (-0.5, 0.5)
-    res.sort()
-    return (res[int(0.05 * (len(res) - 1))], res[int(0.95 * (len(res) - 1))])
+        return (-0.5, 0.5), {}
+    by_class: dict[str, list[float]] = {}
+    for cls, r in res:
+        by_class.setdefault(cls, []).append(r)
+    return _quantiles([r for _, r in res]), {c: _quantiles(v) for c, v in sorted(by_class.items())
+                                             if c and len(v) >= MIN_BAND_ROWS}
 
 
 def fit_predictor(obs: Sequence[Observation], data_hash: str, screen: bool = True,
