@@ -91,13 +91,19 @@ def test_a_profile_from_before_the_copy_rate_was_kept_reads_its_bandwidth_as_a_c
 
 
 def test_calibration_engine_run_corrects_local_tightfit_predictions(tmp_path, row, capsys):
-    """A real engine run (embedded model, native weights) is stored in the profile; predicting
-    that same run for "local" then gives what was measured, and other engines stay uncorrected."""
+    """Real engine runs (embedded model, native weights: tightfit, lite, and llama.cpp where it is
+    installed) are stored in the profile; predicting the same run for "local" then gives what
+    was measured, and engines without a run, and float weights, stay uncorrected."""
     prof = tmp_path / "device.json"
     assert main(["calibrate", "--output", str(prof), "--size-mb", "16", "--matrix", "128",
                  "--threads", "1"]) == 0
     runs = {r["engine"]: r for r in json.loads(prof.read_text())["engine_runs"]}
-    assert set(runs) == {"tightfit", "tightfit-lite"}
+    try:
+        import llama_cpp  # noqa: F401  (optional: llama.cpp is calibrated where it is installed)
+        expected = {"tightfit", "tightfit-lite", "llama.cpp"}
+    except ImportError:
+        expected = {"tightfit", "tightfit-lite"}
+    assert set(runs) == expected
     for r in runs.values():
         assert (r["model"], r["quant"], r["threads"]) == ("smollm2-135m", "q4_1", 1)
         assert r["decode_tok_s"] > 1 and r["prefill_tok_s"] > 1
@@ -118,8 +124,12 @@ def test_calibration_engine_run_corrects_local_tightfit_predictions(tmp_path, ro
     assert any("calibration run" in n for n in tf["notes"])
     lite = out["tightfit-lite Q4_1"]  # the lite runtime's own run corrects its predictions
     assert lite["decode_tok_s"] == pytest.approx(runs["tightfit-lite"]["decode_tok_s"], rel=0.01)
-    # another engine, or float weights (memory-bound, not the block kernels' compute): as is
-    assert not any("calibration run" in n for n in lc["notes"] + f32["notes"])
+    if "llama.cpp" in runs:
+        assert lc["decode_tok_s"] == pytest.approx(runs["llama.cpp"]["decode_tok_s"], rel=0.01)
+    else:  # an engine without a run of its own stays as predicted
+        assert not any("calibration run" in n for n in lc["notes"])
+    # float weights (memory-bound, not the block kernels' compute): as predicted
+    assert not any("calibration run" in n for n in f32["notes"])
 
 
 def test_local_without_profile_names_the_fix(tmp_path, row, capsys) -> None:
@@ -178,3 +188,16 @@ def test_device_profile_lives_in_tightfits_cache(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv("TIGHTFIT_DEVICE_PROFILE")
     monkeypatch.setenv("TIGHTFIT_CACHE", str(tmp_path / "elsewhere"))
     assert device_profile_path() == tmp_path / "elsewhere" / "device.json"
+
+
+def test_calibrate_without_llama_cpp_says_what_is_missing(monkeypatch) -> None:
+    """Without llama-cpp-python, the llama.cpp calibration run stops with a message naming the
+    optional extra (calibrate prints it and goes on without that engine's correction)."""
+    import sys
+
+    from tightfit.cli import calibrate
+    from tightfit.errors import TightfitError
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as if not installed
+    with pytest.raises(TightfitError, match="llama-cpp-python is not installed"):
+        calibrate.engine_run(1, "llama.cpp")

@@ -1,5 +1,6 @@
 """`tightfit calibrate`: measure this machine's memory bandwidth and matmul rate, run the engine
-briefly on the embedded model (tightfit, and the lite runtime), and store a device profile;
+briefly on the embedded model (tightfit, the lite runtime, and llama.cpp where
+llama-cpp-python is installed), and store a device profile;
 `tightfit predict` then accepts hardware name "local" or "this", and predictions for those
 engines there are scaled by how each engine's calibration run compared with its own prediction
 (tightfit/predictor/local.py)."""
@@ -7,7 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from tightfit.errors import TightfitError
 
@@ -22,8 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--size-mb", type=int, default=256, help="copy buffer size in MB (default 256)")
     p.add_argument("--matrix", type=int, default=1024, help="GEMM side length (default 1024)")
     p.add_argument("--no-engine", action="store_true",
-                   help="skip the short engine runs (tightfit and the lite runtime, about 10 s "
-                        "each: load the embedded model, 128-token prompts, 32 generated tokens)")
+                   help="skip the short engine runs (tightfit, the lite runtime, and llama.cpp "
+                        "where llama-cpp-python is installed; about 10 s each: load the "
+                        "embedded model, 128-token prompts, 32 generated tokens)")
     p.add_argument("--threads", type=int, default=None,
                    help="threads for the engine run (default: all cores)")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
@@ -34,39 +39,80 @@ ENGINE_PROMPT_TOKENS = 128
 ENGINE_GEN_TOKENS = 32
 
 
-ENGINES = ("tightfit", "tightfit-lite")
+# tightfit and the lite runtime always; llama.cpp where llama-cpp-python is installed (optional)
+ENGINES = ("tightfit", "tightfit-lite", "llama.cpp")
+
+
+def _llama_cpp(threads: int | None) -> tuple[Any, Any, int, Path]:
+    """llama.cpp (llama-cpp-python) on the embedded model's file, and a run of one prompt that
+    returns (TTFT s, decode tok/s) timed as the bench's llamacpp backend times it."""
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise TightfitError("llama-cpp-python is not installed (optional: `make llamacpp`)") from exc
+    import psutil
+
+    from tightfit.engine.loader.resolve import resolve_model
+
+    path = resolve_model(None)
+    n = threads or psutil.cpu_count(logical=False) or 1
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=512, n_batch=512, n_threads=n,
+                          n_threads_batch=n, verbose=False)
+
+    def one(ids: list[int]) -> tuple[float, float]:
+        llm.reset()
+        t0 = time.perf_counter()
+        first, count = 0.0, 0
+        for _ in llm.generate(ids, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
+            count += 1
+            if count == 1:
+                first = time.perf_counter()
+            if count >= ENGINE_GEN_TOKENS:
+                break
+        return first - t0, (count - 1) / (time.perf_counter() - first)
+
+    tokenizer = SimpleNamespace(encode=lambda text: llm.tokenize(text.encode(), add_bos=False))
+    return tokenizer, one, n, path
 
 
 def engine_run(threads: int | None, engine: str = "tightfit") -> dict[str, object]:
-    """One short run of an engine (tightfit, or the lite runtime) on the embedded model with its
-    stored (native) weights: the best of two for decode and prefill rates. Each engine's run
-    corrects predictions for that engine only: two CPUs can differ 2x in one engine's kernels
-    and not in another's (docs/predictor.md, "A second machine")."""
+    """One short run of an engine (tightfit, the lite runtime, llama.cpp) on the embedded model
+    with its stored (native) weights: the best of two for decode and prefill rates. Each
+    engine's run corrects predictions for that engine only: two CPUs can differ 2x in one
+    engine's kernels and not in another's (docs/predictor.md, "A second machine")."""
     from tightfit import SamplingParams
     from tightfit.studies.workload_driver import corpus_ids
 
-    if engine == "tightfit-lite":
-        from tightfit.lite import LiteLLM
-
-        llm = LiteLLM(num_threads=threads)
-        fresh = llm.derive
-    else:
-        from tightfit import LLM
-
-        llm = LLM(quant="native", num_threads=threads)
-        fresh = lambda: llm.derive(enable_prefix_caching=False)  # noqa: E731
-    ids = corpus_ids(llm.tokenizer)
     params = SamplingParams(max_tokens=ENGINE_GEN_TOKENS, ignore_eos=True)
+    if engine == "llama.cpp":
+        tokenizer, one, n_threads, path = _llama_cpp(threads)
+    else:
+        if engine == "tightfit-lite":
+            from tightfit.lite import LiteLLM
+
+            llm: Any = LiteLLM(num_threads=threads)
+            fresh = llm.derive
+        else:
+            from tightfit import LLM
+
+            llm = LLM(quant="native", num_threads=threads)
+            fresh = lambda: llm.derive(enable_prefix_caching=False)  # noqa: E731
+
+        def one(ids: list[int]) -> tuple[float, float]:
+            out = fresh().generate([ids], params)[0]
+            return out.ttft_s, out.decode_tok_s or 0.0
+        tokenizer, n_threads, path = llm.tokenizer, llm.num_threads, llm.loaded.path
+    ids = corpus_ids(tokenizer)
     best: dict[str, float] = {"decode_tok_s": 0.0, "prefill_tok_s": 0.0}
     for i in range(3):  # the first warms up
-        out = fresh().generate([ids[1000 * i:1000 * i + ENGINE_PROMPT_TOKENS]], params)[0]
+        ttft, decode = one(ids[1000 * i:1000 * i + ENGINE_PROMPT_TOKENS])
         if i == 0:
             continue
-        best["decode_tok_s"] = max(best["decode_tok_s"], out.decode_tok_s or 0.0)
-        best["prefill_tok_s"] = max(best["prefill_tok_s"], ENGINE_PROMPT_TOKENS / out.ttft_s)
-    gguf_type = llm.loaded.path.name.rsplit(".", 2)[-2].lower()  # SmolLM2-...Q4_1.gguf -> q4_1
+        best["decode_tok_s"] = max(best["decode_tok_s"], decode)
+        best["prefill_tok_s"] = max(best["prefill_tok_s"], ENGINE_PROMPT_TOKENS / ttft)
+    gguf_type = Path(path).name.rsplit(".", 2)[-2].lower()  # SmolLM2-...Q4_1.gguf -> q4_1
     return {"engine": engine, "model": "smollm2-135m", "quant": gguf_type,
-            "threads": llm.num_threads, "prompt_tokens": ENGINE_PROMPT_TOKENS,
+            "threads": n_threads, "prompt_tokens": ENGINE_PROMPT_TOKENS,
             "gen_tokens": ENGINE_GEN_TOKENS,
             **{k: round(v, 2) for k, v in best.items()}}
 
@@ -90,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
         except TightfitError as exc:
             if engine == "tightfit":
                 raise
-            # the lite runtime compiles its kernels with the machine's C compiler at first use
+            # the lite runtime compiles its kernels with the machine's C compiler at first use;
+            # llama-cpp-python is an optional extra
             print(f"engine run: {engine} skipped ({exc}); its predictions stay uncorrected")
     payload = calibrate.save_profile(spec, path, runs)
     if args.json:

@@ -168,10 +168,11 @@ def by_machine(o: Observation) -> str:
     return o.machine_key or o.device_key
 
 
-# `tightfit calibrate`'s engine runs: tightfit and the lite runtime, the embedded default model
-# as stored (Q4_1), a 128-token prompt, every core (the dataset's rows of that configuration
-# generate 128 tokens where calibrate generates 32).
-CALIBRATION_ENGINES = ("tightfit", "tightfit-lite")
+# `tightfit calibrate`'s engine runs: tightfit, the lite runtime and (where llama-cpp-python is
+# installed) llama.cpp, the embedded default model as stored (Q4_1), a 128-token prompt, every
+# core (the dataset's rows of that configuration generate 128 tokens where calibrate
+# generates 32).
+CALIBRATION_ENGINES = ("tightfit", "tightfit-lite", "llama.cpp")
 CALIBRATION_RUN = ("default", "q4_1", 128)
 
 
@@ -181,8 +182,8 @@ def calibrated(pairs: Sequence[tuple[Observation, core.Prediction]]
     correct them (predictor/local.py): the machine's row of an engine's calibration run, at its
     most threads, gives measured / predicted for decode and prefill (clipped as local.py clips),
     and that scales the predictions of the same engine's other rows on the machine whose
-    weights it carries to (local.carries: not float weights). Engines calibrate does not run
-    (HF, llama.cpp) are left as they are; the calibration rows themselves are not scored. Rows
+    weights it carries to (local.carries: not float weights). HF, which calibrate does not
+    run, is left as it is; the calibration rows themselves are not scored. Rows
     of a machine without a calibration row are dropped."""
     from tightfit.predictor import local
 
