@@ -9,10 +9,11 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from tightfit.predictor import core, features, roofline, training
 from tightfit.predictor.datasets import Observation
+from tightfit.predictor.scenario import Scenario
 from tightfit.predictor.models import PredictorModel, ResidualModel
 
 METRICS = ("decode_tok_s", "prefill_tok_s", "ttft_s", "peak_memory_gb", "fits")
@@ -187,7 +188,7 @@ def calibrated(pairs: Sequence[tuple[Observation, core.Prediction]]
     of a machine without a calibration row are dropped."""
     from tightfit.predictor import local
 
-    def is_run(s: Any) -> bool:
+    def is_run(s: Scenario) -> bool:
         return (s.engine in CALIBRATION_ENGINES
                 and (s.model.name, s.quant, s.workload.prompt_tokens) == CALIBRATION_RUN)
 
