@@ -50,12 +50,11 @@ def _llama_cpp(threads: int | None) -> tuple[Any, Any, int, Path]:
         import llama_cpp
     except ImportError as exc:
         raise TightfitError("llama-cpp-python is not installed (optional: `make llamacpp`)") from exc
-    import psutil
-
     from tightfit.engine.loader.resolve import resolve_model
+    from tightfit.predictor.calibrate import physical_cores
 
     path = resolve_model(None)
-    n = threads or psutil.cpu_count(logical=False) or 1
+    n = threads or physical_cores()  # llama.cpp's own default, and the profile's cores
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=512, n_batch=512, n_threads=n,
                           n_threads_batch=n, verbose=False)
 

@@ -56,14 +56,18 @@ def total_memory_gb() -> float:
     return psutil.virtual_memory().total / 2**30
 
 
+def physical_cores() -> int:
+    """This machine's physical cores: the threads llama.cpp runs by default, and what the
+    thread-count terms of the base (llama.cpp's barriers, roofline._layer_overhead_s) count."""
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
 def measure(mb: int = 256, n: int = 1024) -> DeviceSpec:
     """A DeviceSpec for this machine's CPU from quick measurements (a few seconds); its
     bandwidth is the rated equivalent of the copy rate (hardware.COPY_OF_PEAK)."""
-    import psutil
-
-    # physical cores: the threads llama.cpp and torch run by default, and what the thread-count
-    # terms of the base (llama.cpp's barriers, roofline._layer_overhead_s) count
-    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    cores = physical_cores()
     bw = copy_bandwidth_gbps(mb)
     tf = matmul_tflops(n)
     name = f"local {platform.machine()} {cores}-core"

@@ -333,7 +333,7 @@ def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:
         config = (key, c.backend, md.name, quant, c.kv_dtype, prompt, w.gen_tokens_mean,
                   w.scenario)
         if config in groups:
-            groups[config][4].append(values)
+            groups[config][-1].append(values)
             dropped["repeat merged into its configuration's median"] += 1
         else:
             groups[config] = (sc, key, model_key(md.name), machine, [values])

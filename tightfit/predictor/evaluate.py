@@ -196,9 +196,8 @@ def calibrated(pairs: Sequence[tuple[Observation, core.Prediction]]
     for o, p in pairs:
         got = predicted(o, p)
         if is_run(o.scenario) and o.metric in ("decode_tok_s", "prefill_tok_s") and got:
-            f = max(1 / local.MAX_FACTOR, min(local.MAX_FACTOR, o.value / got))
             runs.setdefault((by_machine(o), o.scenario.engine), {}).setdefault(
-                o.scenario.device.cpu_cores, {})[o.metric] = f
+                o.scenario.device.cpu_cores, {})[o.metric] = local.factor(o.value, got)
     machines = {m for m, _ in runs}
     out = []
     for o, p in pairs:

@@ -31,6 +31,12 @@ def carries(run_quant: str, quant: str) -> bool:
     return (run_quant.lower() in FLOAT_WEIGHTS) == (quant.lower() in FLOAT_WEIGHTS)
 
 
+def factor(measured: float, predicted: float) -> float:
+    """A calibration run's correction: measured / predicted, clipped to [1/MAX_FACTOR,
+    MAX_FACTOR]."""
+    return max(1 / MAX_FACTOR, min(MAX_FACTOR, measured / predicted))
+
+
 def engine_runs() -> list[dict[str, Any]]:
     path = device_profile_path()
     try:
@@ -66,7 +72,7 @@ def factors(s: Scenario, predict: Any) -> tuple[dict[str, float], str | None]:
         for metric in ("decode_tok_s", "prefill_tok_s"):
             measured, predicted = run.get(metric), getattr(p, metric)
             if measured and predicted:
-                out[metric] = max(1 / MAX_FACTOR, min(MAX_FACTOR, measured / predicted))
+                out[metric] = factor(measured, predicted)
         if out:
             text = ", ".join(f"{k} x{v:.2f}" for k, v in out.items())
             return out, f"corrected by the calibration run of {run['model']} ({text})"

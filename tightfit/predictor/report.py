@@ -48,17 +48,16 @@ def run(splits: tuple[str, ...] = ("device", "model"), screen: bool = True,
         pairs_by_split[split] = pairs
         out[f"held_out_{split}"] = {k: evaluate.summarise(pairs, v) for k, v in SOURCES.items()
                                     if split != "machine" or k == "tightfit"}
-        if split == "machine":
-            cal = evaluate.calibrated(pairs)
-            out["held_out_machine_calibrated"] = {"tightfit": evaluate.summarise(cal)}
-            out["per_machine"] = {m: evaluate.summarise([(o, p) for o, p in pairs
-                                                         if evaluate.by_machine(o) == m])
-                                  for m in sorted({evaluate.by_machine(o) for o, _ in pairs})}
         if split == "device":
             out["per_device"] = _per_device(pairs)
         out.setdefault("per_engine", {})[split] = _per_engine(pairs)
         if split == "machine":
+            cal = evaluate.calibrated(pairs)
+            out["held_out_machine_calibrated"] = {"tightfit": evaluate.summarise(cal)}
             out["per_engine"]["machine_calibrated"] = _per_engine(cal)
+            out["per_machine"] = {m: evaluate.summarise([(o, p) for o, p in pairs
+                                                         if evaluate.by_machine(o) == m])
+                                  for m in sorted({evaluate.by_machine(o) for o, _ in pairs})}
     out["_pairs"] = pairs_by_split
     return out
 
