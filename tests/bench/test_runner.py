@@ -48,6 +48,7 @@ def test_ok_rows_are_complete_measurements(ctx):
     assert m.hardware.load_avg_1m is not None and m.contended is not None
     # the machine's state around this run, probed on its one thread
     assert m.hardware.probe_matmul_gflops > 0 and m.hardware.probe_bandwidth_gbps > 0
+    assert m.hardware.probe_kernel_gflops > 0
     assert m.model.architecture == "llama" and m.model.n_layers == 30
     assert m.workload.prompt_tokens_mean == 32 and m.results.num_ok == 4
     # simulated: 32 tokens at 500 tok/s to the first token, then 3 more at 50 tok/s

@@ -106,3 +106,15 @@ def test_float_rows_of_any_width(march: str | None, kind: str, cols: int) -> Non
                              x.ctypes.data_as(fp), y.ctypes.data_as(fp), 2) == 0
         np.testing.assert_allclose(y, x.astype(np.float64) @ raw.astype(np.float64).T,
                                    rtol=1e-4, atol=1e-4)
+
+
+def test_the_kernel_probe_measures_a_rate_and_is_none_without_a_compiler(tmp_path, monkeypatch):
+    """`kernel_gflops` times the Q4_0 kernel (the bench's run probe and `tightfit calibrate`
+    record it); where the library cannot be built it says so with None, not an error."""
+    from tightfit.lite.runtime import kernel_gflops
+
+    rate = kernel_gflops(1, seconds=0.02)
+    assert rate is not None and 0.5 < rate < 5000
+    monkeypatch.setenv("TIGHTFIT_CACHE", str(tmp_path / "fresh"))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    assert kernel_gflops(1, seconds=0.02) is None

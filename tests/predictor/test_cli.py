@@ -7,6 +7,7 @@ import pytest
 
 from tightfit.cli.main import main
 from tightfit.predictor.hardware import COPY_OF_PEAK
+from tightfit.predictor.scenario import parse_row
 
 
 def _write(tmp_path, rows):
@@ -61,6 +62,15 @@ def test_calibrate_then_predict_local(tmp_path, row, capsys) -> None:
     assert data["device"]["bandwidth_gbps"] == pytest.approx(
         data["device"]["copy_bandwidth_gbps"] / COPY_OF_PEAK, abs=0.01)
     assert "GB/s copy (rated equivalent" in capsys.readouterr().out
+    # the block-format kernel's rate, at its measured share of the profile's GEMM rate; a
+    # thread count given for "local" scales the GEMM rate and keeps the share
+    device = data["device"]
+    share = device["kernel_gflops"] / (device["fp16_tflops"] * 1000)
+    assert 0.01 < share < 5
+    one = parse_row({"id": "x", "hardware": {"name": "local", "cpu_cores": 1},
+                     "model": "SmolLM2-135M", "quant": "Q4_0", "engine": "llama.cpp"}).device
+    assert one.kernel_gflops / (one.fp16_tflops * 1000) == pytest.approx(share)
+    assert one.fp16_tflops == pytest.approx(device["fp16_tflops"] / device["compute_units"])
     row["hardware"] = {"name": "local"}
     row["model"] = {"name": "SmolLM2-135M"}
     row["quant"] = "Q4_1"

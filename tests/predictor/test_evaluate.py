@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tightfit.predictor import datasets, evaluate
-from tightfit.predictor.hardware import COPY_OF_PEAK
+from tightfit.predictor.hardware import COPY_OF_PEAK, KERNEL_SHARE_OF_GEMM
 
 
 def test_scores_exact() -> None:
@@ -115,3 +115,14 @@ def test_an_own_run_is_described_by_its_probe_where_it_has_one() -> None:
     assert probed.bandwidth_gbps == cached.bandwidth_gbps == pytest.approx(25.0 / COPY_OF_PEAK,
                                                                            abs=0.01)
     assert probed.name == cached.name  # one device key: the held-out split is unchanged
+    # the kernel rate: the row's probe (schema 5), else the machine's measured share of the
+    # GEMM rate, else none
+    assert probed.kernel_gflops is None and probed.kernel_rel == 1.0
+    kernel = datasets.own_device(SimpleNamespace(**hw, probe_matmul_gflops=140.0,
+                                                 probe_kernel_gflops=30.0))
+    assert kernel.kernel_gflops == 30.0
+    assert kernel.kernel_rel == pytest.approx(30.0 / 140.0 / KERNEL_SHARE_OF_GEMM)
+    xeon = datasets.own_device(SimpleNamespace(**{**hw, "machine_id": "e52b7ed21aa3"},
+                                               probe_matmul_gflops=140.0))
+    assert xeon.kernel_gflops == pytest.approx(140.0 * 0.24, abs=0.1)
+    assert xeon.kernel_rel == pytest.approx(0.24 / KERNEL_SHARE_OF_GEMM, rel=0.01)

@@ -593,3 +593,46 @@ def test_float_embedding_and_head_of_a_tagged_preset(row) -> None:
     assert parse_row(row).embed_bits is None
     row["quant"] = "f16-Q4"
     assert "quant" == predict([row])[0]["error"]["field"]
+
+
+def _cpu_row(engine: str, quant: str, **hw: float) -> dict:
+    return {"id": "x", "hardware": {"name": "vm", "kind": "cpu", "memory_gb": 23.5,
+                                    "memory_bandwidth_gbps": 38.0, "fp16_tflops": 0.1,
+                                    "cpu_cores": 1, **hw},
+            "model": "SmolLM2-135M", "quant": quant, "engine": engine,
+            "workload": {"prompt_tokens": 256, "gen_tokens": 128}}
+
+
+@pytest.mark.parametrize("engine,quant,decode,prefill", [
+    ("llama.cpp", "Q4_1", True, True), ("llama.cpp", "F16", True, True),
+    ("tightfit-lite", "Q8_0", True, True), ("tightfit", "int8", True, False),
+    ("tightfit", "fp32", False, False), ("hf-transformers", "fp32", False, False)])
+def test_a_cpu_whose_simd_kernels_run_slow_for_its_gemm_slows_the_engines_that_run_them(
+        engine: str, quant: str, decode: bool, prefill: bool) -> None:
+    """Two 2-core VMs: the Xeon's block-format kernel runs at 0.24 of its fp32 GEMM, the
+    EPYC's (where the priors were measured) at 0.51, and the Xeon's llama.cpp, lite and
+    tightfit-int8 decode ran at 0.4-0.6 of the EPYC's with the higher GEMM rate. Only the
+    hand-written kernels' compute is scaled: torch's GEMV and fbgemm's prompt GEMM are not."""
+    from tightfit.predictor.hardware import KERNEL_SHARE_OF_GEMM
+
+    plain = roofline.analyse(parse_row(_cpu_row(engine, quant)))
+    same = roofline.analyse(parse_row(_cpu_row(engine, quant,
+                                               kernel_gflops=100 * KERNEL_SHARE_OF_GEMM)))
+    slow = roofline.analyse(parse_row(_cpu_row(engine, quant,
+                                               kernel_gflops=50 * KERNEL_SHARE_OF_GEMM)))
+    assert same.decode.comp_s == pytest.approx(plain.decode.comp_s)  # the priors' own share
+    assert same.prefill.comp_s == pytest.approx(plain.prefill.comp_s)
+    assert slow.decode.comp_s == pytest.approx(plain.decode.comp_s * (2 if decode else 1))
+    assert slow.prefill.comp_s == pytest.approx(plain.prefill.comp_s * (2 if prefill else 1))
+    assert slow.decode.mem_s == plain.decode.mem_s  # streaming is not the kernel's arithmetic
+
+
+def test_a_gpu_or_a_catalog_cpu_has_no_kernel_scale(row) -> None:
+    from tightfit.predictor.hardware import lookup
+
+    assert lookup("RTX 3070").kernel_rel == 1.0 and lookup("Raspberry Pi 5").kernel_rel == 1.0
+    row["hardware"]["kernel_gflops"] = 10.0  # on a GPU the CPU kernels do not run
+    assert roofline.kernel_scale(parse_row(row), "decode") == 1.0
+    # the share is clipped: a typo cannot make a CPU 1000x slower
+    tiny = parse_row(_cpu_row("llama.cpp", "Q4_0", kernel_gflops=0.001))
+    assert tiny.device.kernel_rel == 0.25

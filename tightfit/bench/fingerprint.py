@@ -90,13 +90,17 @@ def measure_matmul_gflops(n: int = 1024, repeats: int = 3) -> float:
 
 
 PROBE_SECONDS = 0.12  # GEMM timing per probe; taken before and after each run
-PROBED = ("matmul_gflops", "bandwidth_gbps")  # what `probe` returns; rows keep them as probe_*
+# what `probe` returns; rows keep them as probe_* (kernel_gflops: None without a C compiler)
+PROBED = ("matmul_gflops", "bandwidth_gbps", "kernel_gflops")
 
 
-def probe(threads: int, seconds: float = PROBE_SECONDS) -> dict[str, float]:
+def probe(threads: int, seconds: float = PROBE_SECONDS) -> dict[str, float | None]:
     """The machine's state around one run: the median rate of a 512^3 fp32 numpy GEMM on the
-    run's own thread count over `seconds`, and the copy rate as the cached fingerprint takes it
-    (`measure_bandwidth_gbps`, best of 3). On a VM the cached figures are not the whole story:
+    run's own thread count over `seconds`, the copy rate as the cached fingerprint takes it
+    (`measure_bandwidth_gbps`, best of 3), and the rate of a hand-written block-format kernel
+    on the same threads (`tightfit.lite.runtime.kernel_gflops`: the lite runtime's Q4_0
+    matrix-vector product; None where it cannot be built). Two CPUs can order the GEMM and the
+    kernel differently (docs/predictor.md, "A kernel probe"). On a VM the cached figures are not the whole story:
     here a 2-thread GEMM read ~145 GFLOP/s for minutes, then ~200 (the host's load on the second
     vCPU), and a 512-token int8 prefill ~455 vs ~620 tok/s with it (correlation 0.76 over 16
     alternating probes and prefills). Allocates ~0.5 GB: the bench runs it in a child process
@@ -110,11 +114,14 @@ def probe(threads: int, seconds: float = PROBE_SECONDS) -> dict[str, float]:
     with threadpool_limits(limits=max(1, threads)):
         a @ b  # thread start-up
         gemm = _median_time(lambda: a @ b, seconds)
+    from tightfit.lite.runtime import kernel_gflops
+
     return {"matmul_gflops": 2 * 512**3 / gemm / 1e9,
-            "bandwidth_gbps": measure_bandwidth_gbps(repeats=3)}
+            "bandwidth_gbps": measure_bandwidth_gbps(repeats=3),
+            "kernel_gflops": kernel_gflops(threads, seconds)}
 
 
-def probe_in_child(threads: int, timeout_s: float = 60.0) -> dict[str, float] | None:
+def probe_in_child(threads: int, timeout_s: float = 60.0) -> dict[str, float | None] | None:
     """`probe` in a fresh Python process (its memory stays out of the caller's peak RSS);
     None if it fails or times out."""
     import subprocess
@@ -126,7 +133,7 @@ def probe_in_child(threads: int, timeout_s: float = 60.0) -> dict[str, float] | 
         done = subprocess.run([sys.executable, "-c", code, str(max(1, threads))],
                               capture_output=True, text=True, timeout=timeout_s, check=True)
         got = json.loads(done.stdout.strip().splitlines()[-1])
-        return {k: float(got[k]) for k in PROBED}
+        return {k: None if got.get(k) is None else float(got[k]) for k in PROBED}
     except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError):
         return None
 
@@ -139,13 +146,15 @@ def _median_time(fn: Any, seconds: float) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def probe_fields(before: dict[str, float] | None, after: dict[str, float] | None
+def probe_fields(before: dict[str, float | None] | None, after: dict[str, float | None] | None
                  ) -> dict[str, float | None]:
     """The row's `probe_*` fields: the mean of the probes before and after the run (either
-    alone if the other failed; None without any)."""
-    got = [p for p in (before, after) if p]
-    return {f"probe_{k}": round(sum(p[k] for p in got) / len(got), 1) if got else None
-            for k in PROBED}
+    alone if the other failed or lacks the figure; None without any)."""
+    out: dict[str, float | None] = {}
+    for k in PROBED:
+        got = [v for p in (before, after) if p and (v := p.get(k)) is not None]
+        out[f"probe_{k}"] = round(sum(got) / len(got), 1) if got else None
+    return out
 
 
 def _timed(fn: Any) -> float:

@@ -142,9 +142,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(payload, indent=1))
     else:
+        kernel = "no" if spec.kernel_gflops is None else f"{spec.kernel_gflops:.0f} GFLOP/s"
         print(f"{spec.name}: {spec.copy_bandwidth_gbps} GB/s copy (rated equivalent "
               f"{spec.bandwidth_gbps}), {spec.fp16_tflops * 1000:.0f} "
-              f"GFLOP/s fp32 matmul, {spec.memory_gb} GiB RAM -> {path}")
+              f"GFLOP/s fp32 matmul, {kernel} block-format kernel, {spec.memory_gb} GiB RAM "
+              f"-> {path}")
         for r in runs:
             print(f"engine run: {r['engine']} {r['model']} {r['quant']}, {r['threads']} threads: "
                   f"decode {r['decode_tok_s']} tok/s, prefill {r['prefill_tok_s']} tok/s")

@@ -38,6 +38,12 @@ def _register_builtin() -> None:
                            "probe_bandwidth_gbps": None}
         return row
 
+    @register(4)
+    def v4_to_v5(row: Row) -> Row:
+        """v5 probes a block-format kernel's rate around each run (explicit null before)."""
+        row["hardware"] = {**row["hardware"], "probe_kernel_gflops": None}
+        return row
+
 
 def register(from_version: int) -> Callable[[Callable[[Row], Row]], Callable[[Row], Row]]:
     def deco(fn: Callable[[Row], Row]) -> Callable[[Row], Row]:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 Status = Literal["ok", "failed"]
 
 
@@ -61,6 +61,10 @@ class Hardware(_Strict):
     probe_bandwidth_gbps: float | None = na(
         "copy rate (256 MiB numpy, read + write bytes, best of 3), mean of probes just before "
         "and after the run (null: rows before schema version 4)")
+    probe_kernel_gflops: float | None = na(
+        "rate of a hand-written block-format kernel (the lite runtime's Q4_0 matrix-vector "
+        "product, 4096 x 4096, one token) on the run's threads, GFLOP/s, mean of probes just "
+        "before and after the run (null: rows before schema version 5, or no C compiler)")
     other_cpu_cores_mean: float | None = plain(
         "CPU cores kept busy by other processes during the run (system busy time minus this "
         "backend's own CPU time, per second of the run)")

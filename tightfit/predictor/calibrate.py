@@ -1,6 +1,7 @@
-"""Measure this machine (memory bandwidth by a numpy copy, matmul rate by a numpy fp32 GEMM) and
-write a device profile that `predict` uses for hardware "local"/"this". The short engine run is
-done by the CLI (`tightfit calibrate`, which may import torch) and stored here as `engine_runs`.
+"""Measure this machine (memory bandwidth by a numpy copy, matmul rate by a numpy fp32 GEMM, the
+rate of a block-format SIMD kernel as a share of it) and write a device profile that `predict`
+uses for hardware "local"/"this". The short engine run is done by the CLI (`tightfit
+calibrate`, which may import torch) and stored here as `engine_runs`.
 """
 from __future__ import annotations
 
@@ -64,20 +65,38 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
+def kernel_share(threads: int) -> float | None:
+    """The block-format kernel's rate as a share of the fp32 GEMM rate on `threads` threads,
+    both as the bench's run probe takes them (`tightfit.bench.fingerprint.probe`: a 512^3 GEMM
+    and the lite runtime's Q4_0 kernel, medians), the method hardware.KERNEL_SHARE_OF_GEMM was
+    measured by. None where the kernel cannot be built. The share, not the rate, is kept: on a
+    VM both rates move with the host's load and their share stays (0.22-0.25 on the Xeon of
+    docs/predictor.md while its GEMM read 86-141 GFLOP/s)."""
+    from tightfit.bench.fingerprint import probe
+
+    got = probe(threads)
+    kernel, gemm = got.get("kernel_gflops"), got.get("matmul_gflops")
+    return kernel / gemm if kernel and gemm else None
+
+
 def measure(mb: int = 256, n: int = 1024) -> DeviceSpec:
     """A DeviceSpec for this machine's CPU from quick measurements (a few seconds); its
-    bandwidth is the rated equivalent of the copy rate (hardware.COPY_OF_PEAK)."""
+    bandwidth is the rated equivalent of the copy rate (hardware.COPY_OF_PEAK), its kernel rate
+    the GEMM rate x `kernel_share`."""
     cores = physical_cores()
     bw = copy_bandwidth_gbps(mb)
-    tf = matmul_tflops(n)
+    gflops = round(matmul_tflops(n) * 1000.0, 1)
+    share = kernel_share(cores)
     name = f"local {platform.machine()} {cores}-core"
-    return measured_cpu(name, round(total_memory_gb(), 2), round(bw, 2), round(tf * 1000.0, 1), cores)
+    return measured_cpu(name, round(total_memory_gb(), 2), round(bw, 2), gflops, cores,
+                        None if share is None else round(gflops * share, 1))
 
 
 def save_profile(spec: DeviceSpec, path: Path,
                  engine_runs: list[dict[str, object]] | None = None) -> dict[str, object]:
     payload = {"device": asdict(spec), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-               "method": {"bandwidth": "numpy copyto, read+write bytes", "matmul": "numpy fp32 GEMM"},
+               "method": {"bandwidth": "numpy copyto, read+write bytes", "matmul": "numpy fp32 GEMM",
+                          "kernel": "fp32 GEMM x (lite Q4_0 kernel / 512^3 GEMM, same threads)"},
                "engine_runs": engine_runs or []}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1))

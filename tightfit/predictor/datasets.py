@@ -270,6 +270,20 @@ def _own_quant(weight_format: str, file_format: str | None) -> str:
     return {"fp32": "f32"}.get(weight_format, weight_format)
 
 
+# Machines whose rows predate the kernel probe (schema < 5): the block-format kernel's rate as a
+# share of the fp32 GEMM probe at one thread, from component measurements of the same probe
+# code (tightfit.lite.runtime.kernel_gflops; lite.c unchanged since 2026-12-04 19:33). The
+# share holds while a VM's speed moves: on the Xeon, GEMM probes of 86-141 GFLOP/s within an
+# hour came with kernel / GEMM 0.22-0.25.
+#   AMD EPYC VM 77bd40e2fee6: tf_linear Q4_0 4096 x 4096, one token, one thread, best of 5,
+#     52.1-52.2 GFLOP/s (2026-12-05 09:26 UTC, two rounds) over its rows' one-thread GEMM
+#     probe (median 101.8): 0.51 (hardware.KERNEL_SHARE_OF_GEMM).
+#   Intel Xeon VM e52b7ed21aa3: `fingerprint.probe` at one thread, 8 rounds alternating with
+#     two threads (2026-12-06 10:31 UTC): kernel 20.9 / GEMM 87.1, share median 0.238 (range
+#     0.229-0.252); two threads 0.253 (0.199-0.294).
+KERNEL_SHARE_MEASURED = {"77bd40e2fee6": 0.51, "e52b7ed21aa3": 0.24}
+
+
 def own_device(hw: Any) -> DeviceSpec:
     """This machine as the bench measured it, the threads the run used as its cores. Compute:
     rows from schema 4 on carry a GEMM probe taken around the run on its own threads, used as
@@ -278,14 +292,19 @@ def own_device(hw: Any) -> DeviceSpec:
     rate, whole (one core streams most of what two do), read as its rated equivalent
     (hardware.measured_cpu). The rows' copy probe (three single-threaded copies)
     scatters 20-28 GB/s within minutes; held out by thread count, describing decode by it
-    made own-data decode worse (10.9% vs 9.1% MAPE), so it is recorded, not used."""
+    made own-data decode worse (10.9% vs 9.1% MAPE), so it is recorded, not used. Kernel rate:
+    the row's probe (schema 5 on), else its machine's measured share of the GEMM rate
+    (KERNEL_SHARE_MEASURED), else none (the priors' share)."""
     cores = hw.threads_used or hw.cpu_cores_physical or 1
     every = hw.cpu_threads_logical or cores
     gflops = hw.probe_matmul_gflops or (
         hw.matmul_gflops * min(1.0, cores / every) if hw.matmul_gflops else 50.0 * cores)
+    kernel = getattr(hw, "probe_kernel_gflops", None)
+    if kernel is None and hw.machine_id in KERNEL_SHARE_MEASURED:
+        kernel = round(gflops * KERNEL_SHARE_MEASURED[hw.machine_id], 1)
     return hardware.measured_cpu(f"{hw.cpu_model} x{cores} ({hw.machine_id})",
                                  hw.memory_total_gib or 16.0, hw.memory_bandwidth_gbps or 20.0,
-                                 gflops, cores)
+                                 gflops, cores, kernel)
 
 
 def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:

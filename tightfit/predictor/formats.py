@@ -45,6 +45,10 @@ KV_BYTES: dict[str, float] = {
     "int8": 1.0, "fp8": 1.0, "int4": 0.5625,
 }
 
+# Float weight formats: an engine multiplies them in a float GEMV / GEMM (torch, BLAS) or, in
+# ggml-style engines, in its own float SIMD loops; every other format goes through block or
+# integer dot-product kernels.
+FLOAT_WEIGHTS = ("f32", "fp32", "f16", "fp16", "bf16")
 _ALIASES = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
 _GGUF_IN_NAME = re.compile(
     r"(?:^|[-_.:])((?:UD-)?(?:I?Q\d(?:_[0-9A-Z]+)*|F16|BF16|F32|MXFP4|NVFP4|MXFP8))(?=$|[-_.])",

@@ -37,6 +37,20 @@ class DeviceSpec:
     # copy rate measured, GB/s read + written. `bandwidth_gbps` is then its rated equivalent,
     # copy / COPY_OF_PEAK, so that the engines' efficiencies mean one thing on every device.
     copy_bandwidth_gbps: float | None = None
+    # A CPU measured on a hand-written SIMD block-format kernel (the lite runtime's Q4_0
+    # matrix-vector product, `tightfit.lite.runtime.kernel_gflops`) on its threads, GFLOP/s:
+    # what llama.cpp's and the lite runtime's kernels, and tightfit's integer ones, run at.
+    kernel_gflops: float | None = None
+
+    @property
+    def kernel_rel(self) -> float:
+        """The SIMD kernels' speed on this CPU relative to what its fp32 GEMM rate says: the
+        measured kernel / GEMM share over KERNEL_SHARE_OF_GEMM, within [0.25, 4]. 1 where no
+        kernel rate was measured (every catalog entry)."""
+        if self.kernel_gflops is None or self.kind != "cpu" or self.fp16_tflops <= 0:
+            return 1.0
+        share = self.kernel_gflops / (self.fp16_tflops * 1000.0)
+        return max(0.25, min(4.0, share / KERNEL_SHARE_OF_GEMM))
 
     @property
     def device_class(self) -> str:
@@ -66,6 +80,13 @@ def _a(name: str, mem: float, bw: float, cores: int, per_core_tf: float) -> Devi
 # device (docs/predictor.md), reading the copy rate as rated had put llama.cpp's F16 rows
 # 0.44-0.66 too slow in log space.
 COPY_OF_PEAK = 0.7
+# The block-format kernel's rate (DeviceSpec.kernel_gflops) as a share of the fp32 GEMM probe on
+# the machine the engines' CPU priors were measured on (the 2-core AMD EPYC VM: tf_linear Q4_0,
+# one token, 4096 x 4096, one thread, 52.1 GFLOP/s, 2026-12-05 09:26 UTC; its rows' one-thread
+# GEMM probe, median 101.8). The priors' compute efficiencies mean "of the GEMM rate, on a CPU
+# whose kernels run at this share of it"; a CPU measured at another share has its SIMD-kernel
+# compute scaled by the ratio (roofline.kernel_scale).
+KERNEL_SHARE_OF_GEMM = 0.51
 
 
 def _c(name: str, mem: float, bw: float, cores: int, gflops_core: float, simd: int = 8) -> DeviceSpec:
@@ -74,11 +95,13 @@ def _c(name: str, mem: float, bw: float, cores: int, gflops_core: float, simd: i
 
 
 def measured_cpu(name: str, memory_gb: float, copy_gbps: float, gflops: float,
-                 cores: int) -> DeviceSpec:
+                 cores: int, kernel_gflops: float | None = None) -> DeviceSpec:
     """A CPU described by measurements: `copy_gbps` the copy rate (read + write), `gflops` the
-    matrix rate of the cores it may use. Its bandwidth is the rated equivalent of the copy."""
+    matrix rate of the cores it may use, `kernel_gflops` the block-format kernel's rate on them
+    (None: not measured). Its bandwidth is the rated equivalent of the copy."""
     spec = _c(name, memory_gb, round(copy_gbps / COPY_OF_PEAK, 2), cores, gflops / cores)
-    return replace(spec, fp16_tflops=gflops / 1000.0, copy_bandwidth_gbps=copy_gbps)
+    return replace(spec, fp16_tflops=gflops / 1000.0, copy_bandwidth_gbps=copy_gbps,
+                   kernel_gflops=kernel_gflops)
 
 
 def _s(name: str, kind: str, mem: float, bw: float, tf: float, cu: int) -> DeviceSpec:

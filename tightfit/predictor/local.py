@@ -15,11 +15,11 @@ from dataclasses import replace
 from typing import Any
 
 from tightfit.predictor import architectures
+from tightfit.predictor.formats import FLOAT_WEIGHTS
 from tightfit.predictor.scenario import Scenario, Workload, device_profile_path, stored_bits
 
 MAX_FACTOR = 4.0
 LOCAL_NOTE = "hardware from the local device profile"
-FLOAT_WEIGHTS = ("f32", "fp32", "f16", "fp16", "bf16")
 
 
 def carries(run_quant: str, quant: str) -> bool:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from tightfit.predictor import memory
 from tightfit.predictor.engines import EngineProfile, profile
+from tightfit.predictor.formats import FLOAT_WEIGHTS
 from tightfit.predictor.memory import MemoryEstimate
 from tightfit.predictor.scenario import Scenario
 
@@ -58,6 +59,26 @@ class Breakdown:
     prefill_flops: float
 
 
+def kernel_scale(s: Scenario, phase: str) -> float:
+    """How much faster (> 1) or slower an engine's CPU matrix kernels run on this device than
+    its fp32 GEMM rate says (DeviceSpec.kernel_rel), for the kernels that are hand-written SIMD
+    code: llama.cpp's and the lite runtime's in every format and phase, and tightfit's fused
+    decode kernels for block and integer weights (tightfit/engine/kernels). 1 for the
+    libraries' kernels (torch's float GEMV / GEMM, fbgemm's int8 GEMM behind tightfit's
+    prompts), off a CPU, and on a CPU with no kernel rate measured.
+    Two 2-core VMs: the Xeon's kernel / GEMM share is 0.47 of the EPYC's, and its llama.cpp,
+    lite and tightfit int8 decode at one thread ran at 0.38-0.61 of the EPYC's while its GEMM
+    probe was 1.21x the EPYC's. Held out by machine, tightfit's prefill scaled too read 27.4%
+    MAPE, unscaled 22.6% (docs/predictor.md, "A kernel probe")."""
+    d = s.device
+    if d.device_class != "cpu" or d.kernel_gflops is None:
+        return 1.0
+    if s.engine in ("llama.cpp", "tightfit-lite") or (
+            phase == "decode" and s.engine == "tightfit" and s.quant.lower() not in FLOAT_WEIGHTS):
+        return d.kernel_rel
+    return 1.0
+
+
 def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple[Phase, float, float]:
     m, w, d = s.model, s.workload, s.device
     ctx = w.prompt_tokens + w.gen_tokens / 2
@@ -76,7 +97,7 @@ def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple
     mem_s = f * timed_bytes / (d.bandwidth_gbps * 1e9 * prof.bw_eff)
     # attention's FLOPs run at the engine's attn_rel of its matrix rate (the lite runtime: 0.65)
     comp_s = f * (flops + attn_flops * (1 / prof.attn_rel - 1)) / (
-        d.fp16_tflops * 1e12 * prof.decode_comp_eff)
+        d.fp16_tflops * 1e12 * prof.decode_comp_eff * kernel_scale(s, "decode"))
     off = _offload_decode(s, prof, timed_bytes, mem)  # the CPU's layers are MoE layers too
     ovh = _layer_overhead_s(prof, s) * m.n_layers + prof.step_overhead_s + _HOP_S * (d.device_count - 1)
     return Phase(mem_s, comp_s, ovh, off), step_bytes, flops
@@ -126,7 +147,7 @@ def prefill_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tupl
     streamed = memory.streamed_weight_bytes(s, prof) - memory.lookup_only_bytes(s, prof)
     mem_s = mem.device_fraction * streamed * ubatches / (
         d.bandwidth_gbps * 1e9 * prof.bw_eff)
-    comp_s = flops / (d.fp16_tflops * 1e12 * prof.comp_eff)
+    comp_s = flops / (d.fp16_tflops * 1e12 * prof.comp_eff * kernel_scale(s, "prefill"))
     off = (1 - mem.device_fraction) * weights * ubatches / (d.link_gbps * 1e9 * _LINK_EFF)
     ovh = ubatches * (prof.step_overhead_s + prof.layer_overhead_s * m.n_layers)
     return Phase(mem_s, comp_s, ovh, off), flops

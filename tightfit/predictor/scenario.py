@@ -189,6 +189,13 @@ def _device(hw: dict[str, Any]) -> tuple[DeviceSpec, float, list[str]]:
     if spec.kind == "cpu" and cores and base.kind == "cpu" and fields["fp16_tflops"] is None:
         spec = replace(spec, fp16_tflops=base.fp16_tflops * cores / max(base.compute_units, 1),
                        compute_units=int(cores))
+    kernel = _number(hw, "kernel_gflops", "hardware", 0, 1_000_000)
+    if kernel is not None:
+        spec = replace(spec, kernel_gflops=kernel)
+    elif spec.kernel_gflops is not None and spec.fp16_tflops != base.fp16_tflops:
+        # a measured kernel rate keeps its share of a compute rate given or scaled here
+        spec = replace(spec, kernel_gflops=spec.kernel_gflops * spec.fp16_tflops
+                       / base.fp16_tflops)
     return spec, widen, notes
 
 
