@@ -99,9 +99,9 @@ def probe(threads: int, seconds: float = PROBE_SECONDS) -> dict[str, float | Non
     run's own thread count over `seconds`, the copy rate as the cached fingerprint takes it
     (`measure_bandwidth_gbps`, best of 3), and the rate of a hand-written block-format kernel
     on the same threads (`tightfit.lite.runtime.kernel_gflops`: the lite runtime's Q4_0
-    matrix-vector product; None where it cannot be built). Two CPUs can order the GEMM and the
-    kernel differently (docs/predictor.md, "A kernel probe"). On a VM the cached figures are not the whole story:
-    here a 2-thread GEMM read ~145 GFLOP/s for minutes, then ~200 (the host's load on the second
+    matrix-vector product; None where it cannot be built or is not SIMD code). Two CPUs can
+    order the GEMM and the kernel differently (docs/predictor.md, "A kernel probe"). On a VM
+    the cached figures are not the whole story: here a 2-thread GEMM read ~145 GFLOP/s for minutes, then ~200 (the host's load on the second
     vCPU), and a 512-token int8 prefill ~455 vs ~620 tok/s with it (correlation 0.76 over 16
     alternating probes and prefills). Allocates ~0.5 GB: the bench runs it in a child process
     (`probe_in_child`) so the measured process's peak RSS never sees it."""
