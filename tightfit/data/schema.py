@@ -64,7 +64,8 @@ class Hardware(_Strict):
     probe_kernel_gflops: float | None = na(
         "rate of a hand-written block-format kernel (the lite runtime's Q4_0 matrix-vector "
         "product, 4096 x 4096, one token) on the run's threads, GFLOP/s, mean of probes just "
-        "before and after the run (null: rows before schema version 5, or no C compiler)")
+        "before and after the run (null: rows before schema version 5, no C compiler, or a CPU "
+        "without AVX-512 VNNI, where that kernel is plain C)")
     other_cpu_cores_mean: float | None = plain(
         "CPU cores kept busy by other processes during the run (system busy time minus this "
         "backend's own CPU time, per second of the run)")
