@@ -38,7 +38,7 @@ def predict_one(row: Any, model: PredictorModel | None = None) -> dict[str, Any]
         m = model or artefact.load()
         pred = core.predict_scenario(scenario, m, observed)
         f, note = local.factors(scenario, lambda s: core.predict_scenario(s, m))
-        return to_json(local.apply(pred, f, note) if note else pred, scenario)
+        return to_json(local.apply(pred, f, note, scenario) if note else pred, scenario)
     except RowError as exc:
         return {"id": rid, "error": {"field": exc.field, "message": str(exc)}}
 

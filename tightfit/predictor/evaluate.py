@@ -209,6 +209,6 @@ def calibrated(pairs: Sequence[tuple[Observation, core.Prediction]]
             if is_run(s) and s.device.cpu_cores == cores:
                 continue
             if local.carries(CALIBRATION_RUN[1], s.quant):
-                p = local.apply(p, runs[key][cores], "calibrated")
+                p = local.apply(p, runs[key][cores], "calibrated", s)
         out.append((o, p))
     return out
