@@ -49,12 +49,26 @@ def test_the_run_probe_measures_and_averages_before_and_after():
         assert one["kernel_gflops"] > 0
     else:
         assert one["kernel_gflops"] is None
-    before = {"matmul_gflops": 100.0, "bandwidth_gbps": 10.0, "kernel_gflops": None}
-    after = {"matmul_gflops": 200.0, "bandwidth_gbps": 20.0, "kernel_gflops": 40.0}
+    assert one["bandwidth_threads_gbps"] == one["bandwidth_gbps"]  # one thread: the same copy
+    assert fp.probe_in_child(2)["bandwidth_threads_gbps"] > 0  # the copy split over 2 threads
+    before = {"matmul_gflops": 100.0, "bandwidth_gbps": 10.0, "kernel_gflops": None,
+              "bandwidth_threads_gbps": 18.0}
+    after = {"matmul_gflops": 200.0, "bandwidth_gbps": 20.0, "kernel_gflops": 40.0,
+             "bandwidth_threads_gbps": 38.0}
     assert fp.probe_fields(before, after) == {"probe_matmul_gflops": 150.0,
                                               "probe_bandwidth_gbps": 15.0,
-                                              "probe_kernel_gflops": 40.0}
+                                              "probe_kernel_gflops": 40.0,
+                                              "probe_bandwidth_threads_gbps": 28.0}
     assert fp.probe_fields(None, after)["probe_matmul_gflops"] == 200.0  # one probe failed
-    assert fp.probe_fields(None, None) == {"probe_matmul_gflops": None,
-                                           "probe_bandwidth_gbps": None,
-                                           "probe_kernel_gflops": None}
+    assert set(fp.probe_fields(None, None).values()) == {None}
+
+
+def test_a_copy_split_over_threads_covers_the_array_once():
+    """The copy on the run's threads: slices that cover the array once whatever the thread
+    count, and a rate for every split (plausible against one thread's)."""
+    for n, parts in ((10, 3), (2**20, 2), (7, 7), (5, 8)):
+        covered = [i for part in fp.split(n, parts) for i in range(n)[part]]
+        assert covered == list(range(n))
+    one = fp.measure_bandwidth_gbps(mib=16, repeats=2)
+    for threads in (2, 3):
+        assert fp.measure_bandwidth_gbps(mib=16, repeats=2, threads=threads) > 0.2 * one

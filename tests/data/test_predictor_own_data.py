@@ -41,9 +41,11 @@ def test_single_stream_runs_become_observations(tmp_path, make_row):
     sa = by[("a", "decode_tok_s")].scenario
     assert (sa.engine, sa.quant, sa.device.kind, sa.device.cpu_cores) == ("tightfit", "f32",
                                                                           "cpu", 2)
-    # the fingerprint's copy rate, kept, and read as its rated equivalent
+    # the fingerprint's copy rate, kept, and read as its rated equivalent; what the row's probe
+    # gained from splitting the copy over its 2 threads (30 vs 18 GB/s) beside it
     assert sa.device.copy_bandwidth_gbps == 20.0 and sa.model.n_layers == 30
     assert sa.device.bandwidth_gbps == pytest.approx(20.0 / COPY_OF_PEAK, abs=0.01)
+    assert sa.device.threads_bandwidth_gain == pytest.approx(30.0 / 18.0, abs=1e-3)
     assert (sa.workload.prompt_tokens, sa.workload.gen_tokens, sa.workload.batch) == (512, 32, 1)
     assert by[("b", "decode_tok_s")].scenario.engine == "hf-transformers"
     assert ("b", "prefill_tok_s") not in by  # a 16-token prompt's rate is mostly overhead

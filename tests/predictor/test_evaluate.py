@@ -126,3 +126,17 @@ def test_an_own_run_is_described_by_its_probe_where_it_has_one() -> None:
                                                probe_matmul_gflops=140.0))
     assert xeon.kernel_gflops == pytest.approx(140.0 * 0.24, abs=0.1)
     assert xeon.kernel_rel == pytest.approx(0.24 / KERNEL_SHARE_OF_GEMM, rel=0.01)
+    # bandwidth: the cached one-thread copy x what a copy split over the run's threads gains
+    # (the row's two copy probes, schema 6), else the machine's measured gain, else nothing
+    assert xeon.threads_bandwidth_gain == 1.0  # one thread
+    xeon2 = datasets.own_device(SimpleNamespace(**{**hw, "machine_id": "e52b7ed21aa3",
+                                                   "threads_used": 2}, probe_matmul_gflops=200.0))
+    assert xeon2.threads_bandwidth_gain == pytest.approx(1.84)
+    assert xeon2.copy_bandwidth_gbps == 25.0  # the features' bandwidth stays the one-thread copy
+    split = datasets.own_device(SimpleNamespace(**{**hw, "threads_used": 2},
+                                                probe_matmul_gflops=200.0,
+                                                probe_bandwidth_threads_gbps=27.0))
+    assert split.threads_bandwidth_gain == pytest.approx(27.0 / 18.0, abs=1e-3)
+    other = datasets.own_device(SimpleNamespace(**{**hw, "threads_used": 2},
+                                                probe_matmul_gflops=200.0))
+    assert other.threads_bandwidth_gain == 1.0

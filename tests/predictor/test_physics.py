@@ -636,3 +636,19 @@ def test_a_gpu_or_a_catalog_cpu_has_no_kernel_scale(row) -> None:
     # the share is clipped: a typo cannot make a CPU 1000x slower
     tiny = parse_row(_cpu_row("llama.cpp", "Q4_0", kernel_gflops=0.001))
     assert tiny.device.kernel_rel == 0.25
+
+
+def test_a_cpu_whose_threads_stream_more_than_one_copy_reads_weights_faster() -> None:
+    """A measured CPU's memory terms use what its threads stream (the Xeon VM: a copy split over
+    two threads 1.84x a one-thread copy); its compute and the residual's bandwidth features do
+    not change."""
+    from dataclasses import replace
+
+    s = parse_row(_cpu_row("tightfit", "fp32", cpu_cores=2))
+    fast = replace(s, device=replace(s.device, threads_bandwidth_gain=1.84))
+    a, b = roofline.analyse(s), roofline.analyse(fast)
+    assert b.decode.mem_s == pytest.approx(a.decode.mem_s / 1.84)
+    assert b.prefill.mem_s == pytest.approx(a.prefill.mem_s / 1.84)
+    assert b.decode.comp_s == a.decode.comp_s
+    assert features.features(fast, b, "decode")["log_bandwidth"] == \
+        features.features(s, a, "decode")["log_bandwidth"]

@@ -68,13 +68,33 @@ def load_avg_1m() -> float | None:
         return None
 
 
-def measure_bandwidth_gbps(mib: int = 256, repeats: int = 5) -> float:
-    """Best-of copy rate of a `mib` MiB float32 array, counting read + write bytes."""
+def split(n: int, parts: int) -> list[slice]:
+    """`parts` contiguous slices covering range(n) once, as even as integers allow."""
+    edges = [n * i // parts for i in range(parts + 1)]
+    return [slice(a, b) for a, b in zip(edges, edges[1:])]
+
+
+def measure_bandwidth_gbps(mib: int = 256, repeats: int = 5, threads: int = 1) -> float:
+    """Best-of copy rate of a `mib` MiB float32 array, counting read + write bytes; with
+    `threads` > 1 the copy is split into that many slices copied at once (numpy releases the
+    GIL while it copies). One core does not always reach what the machine streams: on the 2-core
+    Xeon VM a one-thread copy read 19-22 GB/s and a two-thread one 35-40 (docs/predictor.md,
+    "Bandwidth at the run's threads")."""
     import numpy as np
 
     src = np.ones(mib * 2**20 // 4, dtype=np.float32)
     dst = np.empty_like(src)
-    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(repeats))
+    if threads <= 1:
+        best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(repeats))
+        return round(2 * src.nbytes / best / 1e9, 2)
+    from concurrent.futures import ThreadPoolExecutor
+
+    parts = [(dst[part], src[part]) for part in split(len(src), threads)]
+    with ThreadPoolExecutor(threads) as pool:
+        def copy() -> None:
+            list(pool.map(lambda p: np.copyto(*p), parts))
+        copy()  # the pool's threads start
+        best = min(_timed(copy) for _ in range(repeats))
     return round(2 * src.nbytes / best / 1e9, 2)
 
 
@@ -90,21 +110,22 @@ def measure_matmul_gflops(n: int = 1024, repeats: int = 3) -> float:
 
 
 PROBE_SECONDS = 0.12  # GEMM timing per probe; taken before and after each run
-# what `probe` returns; rows keep them as probe_* (kernel_gflops: None without a C compiler)
-PROBED = ("matmul_gflops", "bandwidth_gbps", "kernel_gflops")
+# what `probe` returns; rows keep them as probe_* (kernel_gflops: None where it cannot be built)
+PROBED = ("matmul_gflops", "bandwidth_gbps", "kernel_gflops", "bandwidth_threads_gbps")
 
 
 def probe(threads: int, seconds: float = PROBE_SECONDS) -> dict[str, float | None]:
     """The machine's state around one run: the median rate of a 512^3 fp32 numpy GEMM on the
-    run's own thread count over `seconds`, the copy rate as the cached fingerprint takes it
-    (`measure_bandwidth_gbps`, best of 3), and the rate of a hand-written block-format kernel
-    on the same threads (`tightfit.lite.runtime.kernel_gflops`: the lite runtime's Q4_0
-    matrix-vector product; None where it cannot be built or is not SIMD code). Two CPUs can
-    order the GEMM and the kernel differently (docs/predictor.md, "A kernel probe"). On a VM
-    the cached figures are not the whole story: here a 2-thread GEMM read ~145 GFLOP/s for minutes, then ~200 (the host's load on the second
-    vCPU), and a 512-token int8 prefill ~455 vs ~620 tok/s with it (correlation 0.76 over 16
-    alternating probes and prefills). Allocates ~0.5 GB: the bench runs it in a child process
-    (`probe_in_child`) so the measured process's peak RSS never sees it."""
+    run's own thread count over `seconds`; the copy rate as the cached fingerprint takes it
+    (`measure_bandwidth_gbps`, best of 3: one thread, and again split over the run's threads);
+    and the rate of a hand-written block-format kernel on the same threads
+    (`tightfit.lite.runtime.kernel_gflops`: the lite runtime's Q4_0 matrix-vector product; None
+    where it cannot be built or is not SIMD code). Two CPUs can order the GEMM and the kernel
+    differently (docs/predictor.md, "A kernel probe"). On a VM the cached figures are not the
+    whole story: here a 2-thread GEMM read ~145 GFLOP/s for minutes, then ~200 (the host's load
+    on the second vCPU), and a 512-token int8 prefill ~455 vs ~620 tok/s with it (correlation
+    0.76 over 16 alternating probes and prefills). Allocates ~0.5 GB: the bench runs it in a
+    child process (`probe_in_child`) so the measured process's peak RSS never sees it."""
     import numpy as np
     from threadpoolctl import threadpool_limits
 
@@ -116,9 +137,11 @@ def probe(threads: int, seconds: float = PROBE_SECONDS) -> dict[str, float | Non
         gemm = _median_time(lambda: a @ b, seconds)
     from tightfit.lite.runtime import kernel_gflops
 
-    return {"matmul_gflops": 2 * 512**3 / gemm / 1e9,
-            "bandwidth_gbps": measure_bandwidth_gbps(repeats=3),
-            "kernel_gflops": kernel_gflops(threads, seconds)}
+    one = measure_bandwidth_gbps(repeats=3)
+    return {"matmul_gflops": 2 * 512**3 / gemm / 1e9, "bandwidth_gbps": one,
+            "kernel_gflops": kernel_gflops(threads, seconds),
+            "bandwidth_threads_gbps": one if threads <= 1 else measure_bandwidth_gbps(
+                repeats=3, threads=threads)}
 
 
 def probe_in_child(threads: int, timeout_s: float = 60.0) -> dict[str, float | None] | None:

@@ -44,6 +44,12 @@ def _register_builtin() -> None:
         row["hardware"] = {**row["hardware"], "probe_kernel_gflops": None}
         return row
 
+    @register(5)
+    def v5_to_v6(row: Row) -> Row:
+        """v6 probes the copy rate on the run's threads too (explicit null before)."""
+        row["hardware"] = {**row["hardware"], "probe_bandwidth_threads_gbps": None}
+        return row
+
 
 def register(from_version: int) -> Callable[[Callable[[Row], Row]], Callable[[Row], Row]]:
     def deco(fn: Callable[[Row], Row]) -> Callable[[Row], Row]:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 Status = Literal["ok", "failed"]
 
 
@@ -66,6 +66,10 @@ class Hardware(_Strict):
         "product, 4096 x 4096, one token) on the run's threads, GFLOP/s, mean of probes just "
         "before and after the run (null: rows before schema version 5, no C compiler, or a CPU "
         "without AVX-512 VNNI, where that kernel is plain C)")
+    probe_bandwidth_threads_gbps: float | None = na(
+        "copy rate as probe_bandwidth_gbps, the copy split over the run's threads (equal to it "
+        "at one thread), mean of probes just before and after the run (null: rows before "
+        "schema version 6)")
     other_cpu_cores_mean: float | None = plain(
         "CPU cores kept busy by other processes during the run (system busy time minus this "
         "backend's own CPU time, per second of the run)")

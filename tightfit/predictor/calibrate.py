@@ -79,23 +79,39 @@ def kernel_share(threads: int) -> float | None:
     return kernel / gemm if kernel and gemm else None
 
 
+def threads_gain(threads: int, mb: int = 256) -> float:
+    """What a copy split over `threads` threads streams over a one-thread copy, both as the
+    bench's run probe takes them (best of 3 each, back to back). 1 at one thread. On the 2-core Xeon VM of docs/predictor.md 1.84; the engines'
+    bandwidth priors were set on a machine whose one-thread copy is taken as the whole."""
+    from tightfit.bench.fingerprint import measure_bandwidth_gbps
+
+    if threads <= 1:
+        return 1.0
+    return measure_bandwidth_gbps(mb, 3, threads) / measure_bandwidth_gbps(mb, 3)
+
+
 def measure(mb: int = 256, n: int = 1024) -> DeviceSpec:
     """A DeviceSpec for this machine's CPU from quick measurements (a few seconds); its
-    bandwidth is the rated equivalent of the copy rate (hardware.COPY_OF_PEAK), its kernel rate
-    the GEMM rate x `kernel_share`."""
+    bandwidth is the rated equivalent of a one-thread copy (hardware.COPY_OF_PEAK), streamed
+    `threads_gain` times faster on its physical cores, its kernel rate the GEMM rate x
+    `kernel_share`."""
     cores = physical_cores()
     bw = copy_bandwidth_gbps(mb)
     gflops = round(matmul_tflops(n) * 1000.0, 1)
     share = kernel_share(cores)
     name = f"local {platform.machine()} {cores}-core"
     return measured_cpu(name, round(total_memory_gb(), 2), round(bw, 2), gflops, cores,
-                        None if share is None else round(gflops * share, 1))
+                        None if share is None else round(gflops * share, 1),
+                        round(threads_gain(cores, mb), 3))
 
 
 def save_profile(spec: DeviceSpec, path: Path,
                  engine_runs: list[dict[str, object]] | None = None) -> dict[str, object]:
     payload = {"device": asdict(spec), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-               "method": {"bandwidth": "numpy copyto, read+write bytes", "matmul": "numpy fp32 GEMM",
+               "method": {"bandwidth": "numpy copyto, read+write bytes",
+                          "threads_bandwidth_gain": "copy split over the physical cores / "
+                                                    "one-thread copy",
+                          "matmul": "numpy fp32 GEMM",
                           "kernel": "fp32 GEMM x (lite Q4_0 kernel / 512^3 GEMM, same threads)"},
                "engine_runs": engine_runs or []}
     path.parent.mkdir(parents=True, exist_ok=True)

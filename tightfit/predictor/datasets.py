@@ -282,6 +282,14 @@ def _own_quant(weight_format: str, file_format: str | None) -> str:
 #     two threads (2026-12-06 10:31 UTC): kernel 20.9 / GEMM 87.1, share median 0.238 (range
 #     0.229-0.252); two threads 0.253 (0.199-0.294).
 KERNEL_SHARE_MEASURED = {"77bd40e2fee6": 0.51, "e52b7ed21aa3": 0.24}
+# Machines whose rows predate the copy probe on the run's threads (schema < 6): a copy split
+# over that many threads as a multiple of a one-thread copy, by (machine, threads).
+#   Intel Xeon VM e52b7ed21aa3, two threads: `fingerprint.measure_bandwidth_gbps` with 1 and 2
+#     threads, 8 rounds alternating (2026-12-06 11:17 UTC): 20.7 and 38.0 GB/s, median 1.84
+#     (1.74-1.94).
+#   The AMD EPYC VM was not measured so: its one-thread copy stands for both thread counts (its
+#     memory-bound rows, tightfit fp32 and HF, ran no faster at two threads than at one).
+COPY_THREADS_MEASURED = {("e52b7ed21aa3", 2): 1.84}
 
 
 def own_device(hw: Any) -> DeviceSpec:
@@ -289,10 +297,13 @@ def own_device(hw: Any) -> DeviceSpec:
     rows from schema 4 on carry a GEMM probe taken around the run on its own threads, used as
     it is; older rows have the cached fingerprint only, whose matmul rate is for all logical
     CPUs, so a run on fewer threads gets its share. Bandwidth: the cached fingerprint's copy
-    rate, whole (one core streams most of what two do), read as its rated equivalent
-    (hardware.measured_cpu). The rows' copy probe (three single-threaded copies)
-    scatters 20-28 GB/s within minutes; held out by thread count, describing decode by it
-    made own-data decode worse (10.9% vs 9.1% MAPE), so it is recorded, not used. Kernel rate:
+    rate (one thread), read as its rated equivalent (hardware.measured_cpu), and what a copy
+    split over the run's threads gains on that machine (`threads_bandwidth_gain`: the row's two
+    copy probes, schema 6 on; else COPY_THREADS_MEASURED; else 1), which the memory terms use
+    and the residual's features do not. The rows' copy probe itself (three single-threaded
+    copies) scatters 20-28 GB/s within minutes; held out by thread count, describing decode by
+    it made own-data decode worse (10.9% vs 9.1% MAPE), so only the ratio of the two probes,
+    taken together, is used. Kernel rate:
     the row's probe (schema 5 on), else its machine's measured share of the GEMM rate
     (KERNEL_SHARE_MEASURED), else none (the priors' share)."""
     cores = hw.threads_used or hw.cpu_cores_physical or 1
@@ -302,9 +313,12 @@ def own_device(hw: Any) -> DeviceSpec:
     kernel = getattr(hw, "probe_kernel_gflops", None)
     if kernel is None and hw.machine_id in KERNEL_SHARE_MEASURED:
         kernel = round(gflops * KERNEL_SHARE_MEASURED[hw.machine_id], 1)
+    one, spread = hw.probe_bandwidth_gbps, getattr(hw, "probe_bandwidth_threads_gbps", None)
+    threads_x = spread / one if one and spread else COPY_THREADS_MEASURED.get(
+        (hw.machine_id, cores), 1.0)
     return hardware.measured_cpu(f"{hw.cpu_model} x{cores} ({hw.machine_id})",
                                  hw.memory_total_gib or 16.0, hw.memory_bandwidth_gbps or 20.0,
-                                 gflops, cores, kernel)
+                                 gflops, cores, kernel, round(threads_x, 3))
 
 
 def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:

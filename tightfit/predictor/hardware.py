@@ -41,6 +41,12 @@ class DeviceSpec:
     # matrix-vector product, `tightfit.lite.runtime.kernel_gflops`) on its threads, GFLOP/s:
     # what llama.cpp's and the lite runtime's kernels, and tightfit's integer ones, run at.
     kernel_gflops: float | None = None
+    # A measured CPU: what its threads stream over what a one-thread copy says (a copy split
+    # over them / a one-thread copy; 1.84 on the 2-core Xeon VM at two threads). The analytic
+    # base's memory terms use it; the residual's bandwidth features do not (held out by device,
+    # scaling `bandwidth_gbps` itself moved prefill 16.0% -> 18.0% and TTFT 21.3% -> 24.4%
+    # through the features, this 16.0% / 21.4%; docs/predictor.md). 1 elsewhere.
+    threads_bandwidth_gain: float = 1.0
 
     @property
     def kernel_rel(self) -> float:
@@ -95,13 +101,14 @@ def _c(name: str, mem: float, bw: float, cores: int, gflops_core: float, simd: i
 
 
 def measured_cpu(name: str, memory_gb: float, copy_gbps: float, gflops: float,
-                 cores: int, kernel_gflops: float | None = None) -> DeviceSpec:
+                 cores: int, kernel_gflops: float | None = None,
+                 threads_bandwidth_gain: float = 1.0) -> DeviceSpec:
     """A CPU described by measurements: `copy_gbps` the copy rate (read + write), `gflops` the
     matrix rate of the cores it may use, `kernel_gflops` the block-format kernel's rate on them
     (None: not measured). Its bandwidth is the rated equivalent of the copy."""
     spec = _c(name, memory_gb, round(copy_gbps / COPY_OF_PEAK, 2), cores, gflops / cores)
     return replace(spec, fp16_tflops=gflops / 1000.0, copy_bandwidth_gbps=copy_gbps,
-                   kernel_gflops=kernel_gflops)
+                   kernel_gflops=kernel_gflops, threads_bandwidth_gain=threads_bandwidth_gain)
 
 
 def _s(name: str, kind: str, mem: float, bw: float, tf: float, cu: int) -> DeviceSpec:

@@ -189,6 +189,11 @@ def _device(hw: dict[str, Any]) -> tuple[DeviceSpec, float, list[str]]:
     if spec.kind == "cpu" and cores and base.kind == "cpu" and fields["fp16_tflops"] is None:
         spec = replace(spec, fp16_tflops=base.fp16_tflops * cores / max(base.compute_units, 1),
                        compute_units=int(cores))
+    if cores and spec.threads_bandwidth_gain != 1.0 and base.cpu_cores and base.cpu_cores > 1:
+        # a profile's gain is for all its cores; fewer threads get a share of it (1 at one)
+        used = min(int(cores), base.cpu_cores)
+        spec = replace(spec, threads_bandwidth_gain=1 + (spec.threads_bandwidth_gain - 1)
+                       * (used - 1) / (base.cpu_cores - 1))
     kernel = _number(hw, "kernel_gflops", "hardware", 0, 1_000_000)
     if kernel is not None:
         spec = replace(spec, kernel_gflops=kernel)
