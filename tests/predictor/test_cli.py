@@ -67,7 +67,7 @@ def test_calibrate_then_predict_local(tmp_path, row, capsys) -> None:
     device = data["device"]
     # what a copy split over the physical cores streams over a one-thread copy; a thread count
     # given for "local" takes its share of the gain (none at one thread)
-    assert device["threads_bandwidth_gain"] > 0.2
+    assert 1.0 <= device["threads_bandwidth_gain"] <= device["compute_units"]
     one = parse_row({"id": "x", "hardware": {"name": "local", "cpu_cores": 1},
                      "model": "SmolLM2-135M", "quant": "Q4_0", "engine": "llama.cpp"}).device
     assert one.threads_bandwidth_gain == 1.0 or device["compute_units"] == 1

@@ -65,29 +65,42 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
-def kernel_share(threads: int) -> float | None:
+def kernel_share(threads: int, rounds: int = 3) -> float | None:
     """The block-format kernel's rate as a share of the fp32 GEMM rate on `threads` threads,
     both as the bench's run probe takes them (`tightfit.bench.fingerprint.probe`: a 512^3 GEMM
     and the lite runtime's Q4_0 kernel, medians), the method hardware.KERNEL_SHARE_OF_GEMM was
     measured by. None where the kernel cannot be built. The share, not the rate, is kept: on a
     VM both rates move with the host's load and their share stays (0.22-0.25 on the Xeon of
-    docs/predictor.md while its GEMM read 86-141 GFLOP/s)."""
+    docs/predictor.md while its GEMM read 86-141 GFLOP/s). The median of `rounds` probes: with
+    another process on one of two cores a single probe's 2-thread GEMM can stall while the
+    kernel does not, and one such share put a calibrated lite prediction 4x too fast."""
+    import statistics
+
     from tightfit.bench.fingerprint import probe
 
-    got = probe(threads)
-    kernel, gemm = got.get("kernel_gflops"), got.get("matmul_gflops")
-    return kernel / gemm if kernel and gemm else None
+    shares = []
+    for _ in range(rounds):
+        got = probe(threads)
+        kernel, gemm = got.get("kernel_gflops"), got.get("matmul_gflops")
+        if not kernel or not gemm:
+            return None
+        shares.append(kernel / gemm)
+    return statistics.median(shares)
 
 
-def threads_gain(threads: int, mb: int = 256) -> float:
-    """What a copy split over `threads` threads streams over a one-thread copy, both as the
-    bench's run probe takes them (best of 3 each, back to back). 1 at one thread. On the 2-core Xeon VM of docs/predictor.md 1.84; the engines'
-    bandwidth priors were set on a machine whose one-thread copy is taken as the whole."""
+def threads_gain(threads: int) -> float:
+    """What a copy split over `threads` threads streams over a one-thread copy, as the bench's
+    run probe takes them (256 MiB, best of 3 each, back to back), within [1, threads]: a copy
+    that fits in the caches (calibrate's `--size-mb 16`, on a VM with 300 MiB of L3) measures
+    the caches and read 0.2-3x here, so this one is never smaller. 1 at one thread. On the
+    2-core Xeon VM of docs/predictor.md 1.84; the engines' bandwidth priors were set on a
+    machine whose one-thread copy is taken as the whole."""
     from tightfit.bench.fingerprint import measure_bandwidth_gbps
 
     if threads <= 1:
         return 1.0
-    return measure_bandwidth_gbps(mb, 3, threads) / measure_bandwidth_gbps(mb, 3)
+    gain = measure_bandwidth_gbps(repeats=3, threads=threads) / measure_bandwidth_gbps(repeats=3)
+    return max(1.0, min(float(threads), gain))
 
 
 def measure(mb: int = 256, n: int = 1024) -> DeviceSpec:
@@ -102,7 +115,7 @@ def measure(mb: int = 256, n: int = 1024) -> DeviceSpec:
     name = f"local {platform.machine()} {cores}-core"
     return measured_cpu(name, round(total_memory_gb(), 2), round(bw, 2), gflops, cores,
                         None if share is None else round(gflops * share, 1),
-                        round(threads_gain(cores, mb), 3))
+                        round(threads_gain(cores), 3))
 
 
 def save_profile(spec: DeviceSpec, path: Path,

@@ -314,8 +314,8 @@ def own_device(hw: Any) -> DeviceSpec:
     if kernel is None and hw.machine_id in KERNEL_SHARE_MEASURED:
         kernel = round(gflops * KERNEL_SHARE_MEASURED[hw.machine_id], 1)
     one, spread = hw.probe_bandwidth_gbps, getattr(hw, "probe_bandwidth_threads_gbps", None)
-    threads_x = spread / one if one and spread else COPY_THREADS_MEASURED.get(
-        (hw.machine_id, cores), 1.0)
+    threads_x = max(1.0, min(float(cores), spread / one)) if one and spread else \
+        COPY_THREADS_MEASURED.get((hw.machine_id, cores), 1.0)
     return hardware.measured_cpu(f"{hw.cpu_model} x{cores} ({hw.machine_id})",
                                  hw.memory_total_gib or 16.0, hw.memory_bandwidth_gbps or 20.0,
                                  gflops, cores, kernel, round(threads_x, 3))
