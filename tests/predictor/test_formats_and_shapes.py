@@ -115,6 +115,10 @@ def test_a_measured_cpu_is_described_by_the_rated_equivalent_of_its_copy_rate() 
     given = hardware.with_overrides(vm, bandwidth_gbps=40.0)
     assert given.bandwidth_gbps == 40.0 and given.copy_bandwidth_gbps is None
     assert hardware.with_overrides(vm, memory_gb=8.0).copy_bandwidth_gbps == 22
+    # nor does a measured gain of its threads over one thread's copy
+    measured = hardware.measured_cpu("vm", 24, 20.0, 200.0, 2, 48.0, 1.84)
+    assert hardware.with_overrides(measured, bandwidth_gbps=40.0).threads_bandwidth_gain == 1.0
+    assert hardware.with_overrides(measured, memory_gb=8.0).threads_bandwidth_gain == 1.84
 
 
 def test_catalog_does_not_guess_unknown_devices() -> None:

@@ -349,8 +349,10 @@ _CATALOG_TOKENS = tuple((spec, frozenset(_tokens(normalise_name(spec.name)))) fo
 
 def with_overrides(spec: DeviceSpec, **fields: object) -> DeviceSpec:
     """A copy with the given non-None fields replaced. A bandwidth given by hand is a rated
-    figure: the copy rate a measured device carried no longer describes it."""
+    figure of the whole device: the copy rate a measured device carried, and what its threads
+    gained over one thread's copy, no longer describe it."""
     given = {k: v for k, v in fields.items() if v is not None}
     if "bandwidth_gbps" in given and "copy_bandwidth_gbps" not in given:
         given["copy_bandwidth_gbps"] = None
+        given.setdefault("threads_bandwidth_gain", 1.0)
     return replace(spec, **given)
