@@ -109,16 +109,17 @@ def test_float_rows_of_any_width(march: str | None, kind: str, cols: int) -> Non
 
 
 def test_the_kernel_probe_measures_a_rate_and_is_none_without_a_compiler(tmp_path, monkeypatch):
-    """`kernel_gflops` times the Q4_0 kernel (the bench's run probe and `tightfit calibrate`
-    record it); where the library cannot be built, or its block kernels are plain C, it says
-    so with None, not an error."""
-    from tightfit.lite.runtime import SIMD, kernel_gflops
+    """`measure_kernel_gflops` times the Q4_0 kernel (the bench's run probe and `tightfit
+    calibrate` record it); where the library cannot be built, or its block kernels are plain C,
+    it says so with None, not an error."""
+    from tightfit.bench.fingerprint import measure_kernel_gflops
+    from tightfit.lite.runtime import SIMD
 
     if SIMD[library().tf_simd()] == "avx512-vnni":
-        rate = kernel_gflops(1, seconds=0.02)
+        rate = measure_kernel_gflops(1, seconds=0.02)
         assert rate is not None and 0.5 < rate < 5000
     # an AVX2-only build's block kernels are plain C: no figure rather than a misleading one
-    assert kernel_gflops(1, seconds=0.02, march="haswell") is None
+    assert measure_kernel_gflops(1, seconds=0.02, march="haswell") is None
     monkeypatch.setenv("TIGHTFIT_CACHE", str(tmp_path / "fresh"))
     monkeypatch.setenv("CC", "no-such-compiler")
-    assert kernel_gflops(1, seconds=0.02) is None
+    assert measure_kernel_gflops(1, seconds=0.02) is None

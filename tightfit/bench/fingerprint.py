@@ -109,6 +109,55 @@ def measure_matmul_gflops(n: int = 1024, repeats: int = 3) -> float:
     return round(2 * n**3 / best / 1e9, 1)
 
 
+KERNEL_PROBE_ROWS = 4096  # a 4096 x 4096 Q4_0 matrix: 9 MiB, within most CPUs' L3 cache, so
+# the kernel's arithmetic and not DRAM sets the rate (a smaller L3 gives a lower figure)
+
+
+def measure_kernel_gflops(threads: int = 1, seconds: float = 0.1,
+                          march: str | None = None) -> float | None:
+    """This CPU's rate on a hand-written SIMD block-format kernel: the lite runtime's Q4_0
+    matrix-vector product (`tf_linear`, one token against a 4096 x 4096 matrix, activations
+    rounded to int8 as in decode) on `threads` threads, GFLOP/s, median over `seconds`. None
+    where the library cannot be built (no C compiler), and where its block kernels are not
+    SIMD code (they have an AVX-512 VNNI path only; elsewhere plain C, ~10x slower than
+    llama.cpp's AVX2 or NEON kernels, would describe nothing the engines run).
+
+    Why it is measured apart from the fp32 GEMM: two 2-core VMs in tightfit's dataset differ in
+    it by 2.2x at one thread (an AMD EPYC 52.1 GFLOP/s, an Intel Xeon 23.4) while their numpy
+    GEMM rates are 101.8 and 123.6, and llama.cpp's and the lite runtime's decode follow the
+    kernel (docs/predictor.md, "A kernel probe")."""
+    import ctypes
+
+    import numpy as np
+
+    from tightfit.errors import TightfitError
+    from tightfit.lite.runtime import SIMD, library
+
+    try:
+        lib = library(march)
+    except TightfitError:
+        return None
+    if SIMD[lib.tf_simd()] != "avx512-vnni":
+        return None
+    rng = np.random.default_rng(0)
+    n = KERNEL_PROBE_ROWS
+    blocks = np.zeros((n * n // 32, 18), dtype=np.uint8)  # Q4_0: f16 scale + 16 nibble bytes
+    blocks[:, :2] = np.full(len(blocks), 0.01, dtype=np.float16).view(np.uint8).reshape(-1, 2)
+    blocks[:, 2:] = rng.integers(0, 256, size=(len(blocks), 16), dtype=np.uint8)
+    x = rng.standard_normal((1, n)).astype(np.float32)
+    y = np.empty((1, n), dtype=np.float32)
+    fp = ctypes.POINTER(ctypes.c_float)
+    xp, yp = x.ctypes.data_as(fp), y.ctypes.data_as(fp)
+    threads = max(1, threads)
+
+    def call() -> None:
+        if lib.tf_linear(2, n, n, blocks.ctypes.data, 1, xp, yp, threads) != 0:
+            raise TightfitError("the lite kernel probe's call was refused")
+
+    call()  # thread pool start-up, first touch of the matrix
+    return 2.0 * n * n / _median_time(call, seconds) / 1e9
+
+
 PROBE_SECONDS = 0.12  # GEMM timing per probe; taken before and after each run
 # what `probe` returns; rows keep them as probe_* (kernel_gflops: None where it cannot be built)
 PROBED = ("matmul_gflops", "bandwidth_gbps", "kernel_gflops", "bandwidth_threads_gbps")
@@ -119,7 +168,7 @@ def probe(threads: int, seconds: float = PROBE_SECONDS) -> dict[str, float | Non
     run's own thread count over `seconds`; the copy rate as the cached fingerprint takes it
     (`measure_bandwidth_gbps`, best of 3: one thread, and again split over the run's threads);
     and the rate of a hand-written block-format kernel on the same threads
-    (`tightfit.lite.runtime.kernel_gflops`: the lite runtime's Q4_0 matrix-vector product; None
+    (`measure_kernel_gflops`: the lite runtime's Q4_0 matrix-vector product; None
     where it cannot be built or is not SIMD code). Two CPUs can order the GEMM and the kernel
     differently (docs/predictor.md, "A kernel probe"). On a VM the cached figures are not the
     whole story: here a 2-thread GEMM read ~145 GFLOP/s for minutes, then ~200 (the host's load
@@ -135,11 +184,9 @@ def probe(threads: int, seconds: float = PROBE_SECONDS) -> dict[str, float | Non
     with threadpool_limits(limits=max(1, threads)):
         a @ b  # thread start-up
         gemm = _median_time(lambda: a @ b, seconds)
-    from tightfit.lite.runtime import kernel_gflops
-
     one = measure_bandwidth_gbps(repeats=3)
     return {"matmul_gflops": 2 * 512**3 / gemm / 1e9, "bandwidth_gbps": one,
-            "kernel_gflops": kernel_gflops(threads, seconds),
+            "kernel_gflops": measure_kernel_gflops(threads, seconds),
             "bandwidth_threads_gbps": one if threads <= 1 else measure_bandwidth_gbps(
                 repeats=3, threads=threads)}
 

@@ -104,53 +104,6 @@ def library(march: str | None = None) -> ctypes.CDLL:
     return lib
 
 
-KERNEL_PROBE_ROWS = 4096  # a 4096 x 4096 Q4_0 matrix: 9 MiB, within most CPUs' L3 cache, so
-# the kernel's arithmetic and not DRAM sets the rate (a smaller L3 gives a lower figure)
-
-
-def kernel_gflops(threads: int = 1, seconds: float = 0.1,
-                  march: str | None = None) -> float | None:
-    """This CPU's rate on a hand-written SIMD block-format kernel: the lite runtime's Q4_0
-    matrix-vector product (`tf_linear`, one token against a 4096 x 4096 matrix, activations
-    rounded to int8 as in decode) on `threads` threads, GFLOP/s, median over `seconds`. None
-    where the library cannot be built (no C compiler), and where its block kernels are not
-    SIMD code (they have an AVX-512 VNNI path only; elsewhere plain C, ~10x slower than
-    llama.cpp's AVX2 or NEON kernels, would describe nothing the engines run).
-
-    Why it is measured apart from the fp32 GEMM: two 2-core VMs in tightfit's dataset differ in
-    it by 2.2x at one thread (an AMD EPYC 52.1 GFLOP/s, an Intel Xeon 23.4) while their numpy
-    GEMM rates are 101.8 and 123.6, and llama.cpp's and the lite runtime's decode follow the
-    kernel (docs/predictor.md, "A kernel probe")."""
-    try:
-        lib = library(march)
-    except TightfitError:
-        return None
-    if SIMD[lib.tf_simd()] != "avx512-vnni":
-        return None
-    rng = np.random.default_rng(0)
-    n = KERNEL_PROBE_ROWS
-    blocks = np.zeros((n * n // 32, 18), dtype=np.uint8)  # Q4_0: f16 scale + 16 nibble bytes
-    blocks[:, :2] = np.full(len(blocks), 0.01, dtype=np.float16).view(np.uint8).reshape(-1, 2)
-    blocks[:, 2:] = rng.integers(0, 256, size=(len(blocks), 16), dtype=np.uint8)
-    x = rng.standard_normal((1, n)).astype(np.float32)
-    y = np.empty((1, n), dtype=np.float32)
-    xp, yp = _ptr(x, ctypes.c_float), _ptr(y, ctypes.c_float)
-    threads = max(1, threads)
-
-    def call() -> float:
-        t0 = time.perf_counter()
-        if lib.tf_linear(2, n, n, blocks.ctypes.data, 1, xp, yp, threads) != 0:
-            raise TightfitError("the lite kernel probe's call was refused")
-        return time.perf_counter() - t0
-
-    call()  # thread pool start-up, first touch of the matrix
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < 5 or time.perf_counter() - start < seconds:
-        times.append(call())
-    return 2.0 * n * n / sorted(times)[len(times) // 2] / 1e9
-
-
 def _i32(values: Sequence[int]) -> np.ndarray:
     return np.ascontiguousarray(values, dtype=np.int32)
 

@@ -272,7 +272,7 @@ def _own_quant(weight_format: str, file_format: str | None) -> str:
 
 # Machines whose rows predate the kernel probe (schema < 5): the block-format kernel's rate as a
 # share of the fp32 GEMM probe at one thread, from component measurements of the same probe
-# code (tightfit.lite.runtime.kernel_gflops; lite.c unchanged since 2026-12-04 19:33). The
+# code (tightfit.bench.fingerprint.measure_kernel_gflops; lite.c unchanged since 2026-12-04 19:33). The
 # share holds while a VM's speed moves: on the Xeon, GEMM probes of 86-141 GFLOP/s within an
 # hour came with kernel / GEMM 0.22-0.25.
 #   AMD EPYC VM 77bd40e2fee6: tf_linear Q4_0 4096 x 4096, one token, one thread, best of 5,

@@ -38,7 +38,7 @@ class DeviceSpec:
     # copy / COPY_OF_PEAK, so that the engines' efficiencies mean one thing on every device.
     copy_bandwidth_gbps: float | None = None
     # A CPU measured on a hand-written SIMD block-format kernel (the lite runtime's Q4_0
-    # matrix-vector product, `tightfit.lite.runtime.kernel_gflops`) on its threads, GFLOP/s:
+    # matrix-vector product, `fingerprint.measure_kernel_gflops`) on its threads, GFLOP/s:
     # what llama.cpp's and the lite runtime's kernels, and tightfit's integer ones, run at.
     kernel_gflops: float | None = None
     # A measured CPU: what its threads stream over what a one-thread copy says (a copy split
