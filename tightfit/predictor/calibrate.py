@@ -65,57 +65,51 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
-def kernel_share(threads: int, rounds: int = 3) -> float | None:
-    """The block-format kernel's rate as a share of the fp32 GEMM rate on `threads` threads,
-    both as the bench's run probe takes them (`tightfit.bench.fingerprint.probe`: a 512^3 GEMM
-    and the lite runtime's Q4_0 kernel, medians), the method hardware.KERNEL_SHARE_OF_GEMM was
-    measured by. None where the kernel cannot be built. The share, not the rate, is kept: on a
-    VM both rates move with the host's load and their share stays (0.22-0.25 on the Xeon of
-    docs/predictor.md while its GEMM read 86-141 GFLOP/s). The median of `rounds` probes: with
-    another process on one of two cores a single probe's 2-thread GEMM can stall while the
-    kernel does not, and one such share put a calibrated lite prediction 4x too fast."""
+def probe_ratios(threads: int, rounds: int = 3) -> tuple[float | None, float]:
+    """Two ratios from the bench's run probe (`tightfit.bench.fingerprint.probe_in_child`) on
+    `threads` threads, each the median over `rounds` probes (those that did not fail):
+    - the block-format kernel's rate as a share of the fp32 GEMM rate (a 512^3 GEMM and the
+      lite runtime's Q4_0 kernel, medians: the method hardware.KERNEL_SHARE_OF_GEMM was measured
+      by); None where the kernel cannot be built. The share, not the rate, is kept: on a VM both
+      rates move with the host's load and their share stays (0.22-0.25 on the Xeon of
+      docs/predictor.md while its GEMM read 86-141 GFLOP/s). With another process on one of two
+      cores a single probe's 2-thread GEMM can stall while the kernel does not, and one such
+      share put a calibrated lite prediction 4x too fast: hence the median;
+    - what a copy split over the threads streams over a one-thread copy (256 MiB each), within
+      [1, threads]: a copy that fits in the caches (calibrate's `--size-mb 16`, on a VM with
+      300 MiB of L3) measures the caches and read 0.2-3x, so this one is never smaller. 1.84 on
+      the 2-core Xeon VM; the engines' bandwidth priors were set on a machine whose one-thread
+      copy is taken as the whole."""
     import statistics
 
-    from tightfit.bench.fingerprint import probe
+    from tightfit.bench.fingerprint import probe_in_child
 
-    shares = []
-    for _ in range(rounds):
-        got = probe(threads)
-        kernel, gemm = got.get("kernel_gflops"), got.get("matmul_gflops")
-        if not kernel or not gemm:
-            return None
-        shares.append(kernel / gemm)
-    return statistics.median(shares)
-
-
-def threads_gain(threads: int) -> float:
-    """What a copy split over `threads` threads streams over a one-thread copy, as the bench's
-    run probe takes them (256 MiB, best of 3 each, back to back), within [1, threads]: a copy
-    that fits in the caches (calibrate's `--size-mb 16`, on a VM with 300 MiB of L3) measures
-    the caches and read 0.2-3x here, so this one is never smaller. 1 at one thread. On the
-    2-core Xeon VM of docs/predictor.md 1.84; the engines' bandwidth priors were set on a
-    machine whose one-thread copy is taken as the whole."""
-    from tightfit.bench.fingerprint import measure_bandwidth_gbps
-
-    if threads <= 1:
-        return 1.0
-    gain = measure_bandwidth_gbps(repeats=3, threads=threads) / measure_bandwidth_gbps(repeats=3)
-    return max(1.0, min(float(threads), gain))
+    # each in a fresh process, as the bench takes them: in this one, numpy's BLAS threads and
+    # the kernel's OpenMP threads, both just used, spin on the same two cores, and three
+    # calibrations in a row read shares of 0.175, 0.246 and 0.375 (0.24-0.275 apart)
+    got = [p for p in (probe_in_child(threads) for _ in range(rounds)) if p]
+    if not got:
+        return None, 1.0
+    kernels = [(p["kernel_gflops"], p["matmul_gflops"]) for p in got]
+    share = statistics.median(k / g for k, g in kernels) if all(k and g for k, g in kernels) \
+        else None
+    gain = statistics.median((p["bandwidth_threads_gbps"] or 0.0) / (p["bandwidth_gbps"] or 1.0)
+                             for p in got)
+    return share, max(1.0, min(float(threads), gain))
 
 
 def measure(mb: int = 256, n: int = 1024) -> DeviceSpec:
     """A DeviceSpec for this machine's CPU from quick measurements (a few seconds); its
     bandwidth is the rated equivalent of a one-thread copy (hardware.COPY_OF_PEAK), streamed
-    `threads_gain` times faster on its physical cores, its kernel rate the GEMM rate x
-    `kernel_share`."""
+    `probe_ratios`' gain faster on its physical cores, its kernel rate the GEMM rate x
+    `probe_ratios`' share."""
     cores = physical_cores()
     bw = copy_bandwidth_gbps(mb)
     gflops = round(matmul_tflops(n) * 1000.0, 1)
-    share = kernel_share(cores)
+    share, gain = probe_ratios(cores)
     name = f"local {platform.machine()} {cores}-core"
     return measured_cpu(name, round(total_memory_gb(), 2), round(bw, 2), gflops, cores,
-                        None if share is None else round(gflops * share, 1),
-                        round(threads_gain(cores), 3))
+                        None if share is None else round(gflops * share, 1), round(gain, 3))
 
 
 def save_profile(spec: DeviceSpec, path: Path,
