@@ -46,19 +46,20 @@ def test_the_run_probe_measures_and_averages_before_and_after():
     one = fp.probe_in_child(1)  # a child process: the caller's peak RSS never sees its arrays
     assert one["matmul_gflops"] > 0 and one["bandwidth_gbps"] > 0
     if SIMD[library().tf_simd()] == "avx512-vnni":  # the lite runtime's SIMD block kernels
-        assert one["kernel_gflops"] > 0
+        assert one["kernel_gflops"] > 0 and one["kernel_stream_gbps"] > 0
     else:
-        assert one["kernel_gflops"] is None
+        assert one["kernel_gflops"] is None and one["kernel_stream_gbps"] is None
     assert one["bandwidth_threads_gbps"] == one["bandwidth_gbps"]  # one thread: the same copy
     assert fp.probe_in_child(2)["bandwidth_threads_gbps"] > 0  # the copy split over 2 threads
     before = {"matmul_gflops": 100.0, "bandwidth_gbps": 10.0, "kernel_gflops": None,
-              "bandwidth_threads_gbps": 18.0}
+              "bandwidth_threads_gbps": 18.0, "kernel_stream_gbps": 6.0}
     after = {"matmul_gflops": 200.0, "bandwidth_gbps": 20.0, "kernel_gflops": 40.0,
-             "bandwidth_threads_gbps": 38.0}
+             "bandwidth_threads_gbps": 38.0, "kernel_stream_gbps": 8.0}
     assert fp.probe_fields(before, after) == {"probe_matmul_gflops": 150.0,
                                               "probe_bandwidth_gbps": 15.0,
                                               "probe_kernel_gflops": 40.0,
-                                              "probe_bandwidth_threads_gbps": 28.0}
+                                              "probe_bandwidth_threads_gbps": 28.0,
+                                              "probe_kernel_stream_gbps": 7.0}
     assert fp.probe_fields(None, after)["probe_matmul_gflops"] == 200.0  # one probe failed
     assert set(fp.probe_fields(None, None).values()) == {None}
 

@@ -51,9 +51,10 @@ def test_ok_rows_are_complete_measurements(ctx):
     assert m.hardware.probe_matmul_gflops > 0 and m.hardware.probe_bandwidth_gbps > 0
     # and a SIMD block kernel's rate (none where the lite runtime's block kernels are plain C)
     if SIMD[library().tf_simd()] == "avx512-vnni":
-        assert m.hardware.probe_kernel_gflops > 0
+        assert m.hardware.probe_kernel_gflops > 0 and m.hardware.probe_kernel_stream_gbps > 0
     else:
         assert m.hardware.probe_kernel_gflops is None
+        assert m.hardware.probe_kernel_stream_gbps is None
     assert m.model.architecture == "llama" and m.model.n_layers == 30
     assert m.workload.prompt_tokens_mean == 32 and m.results.num_ok == 4
     # simulated: 32 tokens at 500 tok/s to the first token, then 3 more at 50 tok/s

@@ -12,7 +12,7 @@ from tightfit.data.schema import Measurement
 def row(**changes: Any) -> dict[str, Any]:
     """A valid row as a dict (every field explicit); `changes` are dotted-path replacements."""
     base: dict[str, Any] = dict(
-        schema_version=6, id="r1", run_key="k1", sweep="s", status="ok", error=None,
+        schema_version=7, id="r1", run_key="k1", sweep="s", status="ok", error=None,
         created_at="2026-01-02T03:04:05Z", contended=False,
         hardware=dict(machine_id="m", kind="cpu", cpu_model="CPU", cpu_flags=["avx2"],
                       cpu_cores_physical=2, cpu_threads_logical=2, threads_used=2,
@@ -20,7 +20,8 @@ def row(**changes: Any) -> dict[str, Any]:
                       microbench_load_avg_1m=0.1, gpu_name=None, gpu_memory_gib=None, gpu_count=0,
                       load_avg_1m=0.5, other_cpu_cores_mean=0.0, probe_matmul_gflops=90.0,
                       probe_bandwidth_gbps=18.0, probe_kernel_gflops=40.0,
-                      probe_bandwidth_threads_gbps=30.0, os="Linux"),
+                      probe_bandwidth_threads_gbps=30.0, probe_kernel_stream_gbps=10.0,
+                      os="Linux"),
         software=dict(python="3.11", tightfit="0.1.0", tightfit_commit="abc+dirty",
                       torch="2.13.0", transformers=None,
                       numpy="2.0", llama_cpp_python=None),

@@ -65,13 +65,14 @@ def test_migration_upgrades_old_rows_step_by_step(make_row, monkeypatch):
     old = make_row(schema_version=0)
     old["results"]["peak_rss_mb"] = old["results"].pop("peak_rss_mib")
     up = mig.migrate(old)
-    assert up["schema_version"] == SCHEMA_VERSION == 6
+    assert up["schema_version"] == SCHEMA_VERSION == 7
     assert up["results"]["peak_rss_mib"] == pytest.approx(500.0 * 1e6 / 2**20)
     assert up["software"]["tightfit_commit"] is None  # by the real v1 -> v2 step
     assert up["results"]["load_peak_rss_mib"] is None  # by the real v2 -> v3 step
     assert up["hardware"]["probe_matmul_gflops"] is None  # by the real v3 -> v4 step
     assert up["hardware"]["probe_kernel_gflops"] is None  # by the real v4 -> v5 step
     assert up["hardware"]["probe_bandwidth_threads_gbps"] is None  # by the real v5 -> v6 step
+    assert up["hardware"]["probe_kernel_stream_gbps"] is None  # by the real v6 -> v7 step
     Measurement.model_validate(up)
 
 
@@ -81,6 +82,7 @@ def test_version_1_rows_read_as_version_2_with_an_explicit_null_commit(make_row,
     del v1["results"]["load_peak_rss_mib"]
     del v1["hardware"]["probe_matmul_gflops"], v1["hardware"]["probe_bandwidth_gbps"]
     del v1["hardware"]["probe_kernel_gflops"], v1["hardware"]["probe_bandwidth_threads_gbps"]
+    del v1["hardware"]["probe_kernel_stream_gbps"]
     with pytest.raises(ValidationError, match="tightfit_commit"):
         Measurement.model_validate(v1)  # not valid as v2 without migrating
     path = tmp_path / "old.jsonl"

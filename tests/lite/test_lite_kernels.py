@@ -112,14 +112,19 @@ def test_the_kernel_probe_measures_a_rate_and_is_none_without_a_compiler(tmp_pat
     """`measure_kernel_gflops` times the Q4_0 kernel (the bench's run probe and `tightfit
     calibrate` record it); where the library cannot be built, or its block kernels are plain C,
     it says so with None, not an error."""
-    from tightfit.bench.fingerprint import measure_kernel_gflops
+    from tightfit.bench.fingerprint import measure_kernel_gflops, measure_kernel_stream_gbps
     from tightfit.lite.runtime import SIMD
 
     if SIMD[library().tf_simd()] == "avx512-vnni":
         rate = measure_kernel_gflops(1, seconds=0.02)
         assert rate is not None and 0.5 < rate < 5000
+        # the same kernel streaming a 143 MB Q8_0 matrix: GB/s of matrix bytes
+        stream = measure_kernel_stream_gbps(1, seconds=0.02)
+        assert stream is not None and 0.1 < stream < 2000
     # an AVX2-only build's block kernels are plain C: no figure rather than a misleading one
     assert measure_kernel_gflops(1, seconds=0.02, march="haswell") is None
+    assert measure_kernel_stream_gbps(1, seconds=0.02, march="haswell") is None
     monkeypatch.setenv("TIGHTFIT_CACHE", str(tmp_path / "fresh"))
     monkeypatch.setenv("CC", "no-such-compiler")
     assert measure_kernel_gflops(1, seconds=0.02) is None
+    assert measure_kernel_stream_gbps(1, seconds=0.02) is None

@@ -77,6 +77,10 @@ def test_calibrate_then_predict_local(tmp_path, row, capsys) -> None:
         return
     share = device["kernel_gflops"] / (device["fp16_tflops"] * 1000)
     assert 0.01 < share < 5
+    # the kernel's streaming rate as a share of a copy on the same threads; a thread count given
+    # for "local" keeps it (the same at one thread and two on the Xeon VM)
+    assert 0.01 < device["kernel_stream_share"] < 5
+    assert one.kernel_stream_share == device["kernel_stream_share"]
     assert one.kernel_gflops / (one.fp16_tflops * 1000) == pytest.approx(share)
     assert one.fp16_tflops == pytest.approx(device["fp16_tflops"] / device["compute_units"])
     row["hardware"] = {"name": "local"}

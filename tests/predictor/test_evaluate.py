@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tightfit.predictor import datasets, evaluate
-from tightfit.predictor.hardware import COPY_OF_PEAK, KERNEL_SHARE_OF_GEMM
+from tightfit.predictor.hardware import COPY_OF_PEAK, KERNEL_SHARE_OF_GEMM, KERNEL_STREAM_SHARE_OF_COPY
 
 
 def test_scores_exact() -> None:
@@ -140,3 +140,13 @@ def test_an_own_run_is_described_by_its_probe_where_it_has_one() -> None:
     other = datasets.own_device(SimpleNamespace(**{**hw, "threads_used": 2},
                                                 probe_matmul_gflops=200.0))
     assert other.threads_bandwidth_gain == 1.0
+    # the kernel's streaming share: the row's stream probe over its copy on the same threads
+    # (schema 7), else the machine's measured share, else none
+    assert other.kernel_stream_share is None and other.stream_rel == 1.0
+    streamed = datasets.own_device(SimpleNamespace(**{**hw, "threads_used": 2},
+                                                   probe_matmul_gflops=200.0,
+                                                   probe_bandwidth_threads_gbps=27.0,
+                                                   probe_kernel_stream_gbps=9.0))
+    assert streamed.kernel_stream_share == pytest.approx(9.0 / 27.0, abs=1e-3)
+    assert xeon2.kernel_stream_share == 0.34
+    assert xeon2.stream_rel == pytest.approx(0.34 / KERNEL_STREAM_SHARE_OF_COPY)

@@ -111,25 +111,17 @@ def measure_matmul_gflops(n: int = 1024, repeats: int = 3) -> float:
 
 KERNEL_PROBE_ROWS = 4096  # a 4096 x 4096 Q4_0 matrix: 9 MiB, within most CPUs' L3 cache, so
 # the kernel's arithmetic and not DRAM sets the rate (a smaller L3 gives a lower figure)
+# A 16384 x 8192 Q8_0 matrix: 143 MB, beyond the caches (the Xeon VM's kernel streamed 71, 143
+# and 285 MB matrices at the same 5.7-5.8 GB/s at one thread, an 18 MB one at 13.8), and about
+# the size of the default model's Q8_0 weights (145 MB).
+STREAM_PROBE_SHAPE = (16384, 8192)
+_BLOCK_BYTES = {2: 18, 8: 34}  # GGML Q4_0, Q8_0: f16 scale + 16 nibble / 32 int8 bytes
 
 
-def measure_kernel_gflops(threads: int = 1, seconds: float = 0.1,
-                          march: str | None = None) -> float | None:
-    """This CPU's rate on a hand-written SIMD block-format kernel: the lite runtime's Q4_0
-    matrix-vector product (`tf_linear`, one token against a 4096 x 4096 matrix, activations
-    rounded to int8 as in decode) on `threads` threads, GFLOP/s, median over `seconds`. None
-    where the library cannot be built (no C compiler), and where its block kernels are not
-    SIMD code (they have an AVX-512 VNNI path only; elsewhere plain C, ~10x slower than
-    llama.cpp's AVX2 or NEON kernels, would describe nothing the engines run).
-
-    Why it is measured apart from the fp32 GEMM: two 2-core VMs in tightfit's dataset differ in
-    it by 2.2x at one thread (an AMD EPYC 52.1 GFLOP/s, an Intel Xeon 23.4) while their numpy
-    GEMM rates are 101.8 and 123.6, and llama.cpp's and the lite runtime's decode follow the
-    kernel (docs/predictor.md, "A kernel probe")."""
-    import ctypes
-
-    import numpy as np
-
+def _lite_kernels(march: str | None) -> Any:
+    """The lite runtime's library where its block kernels are SIMD code, else None (no C
+    compiler; no AVX-512 VNNI, where they are plain C, ~10x slower than llama.cpp's AVX2 or
+    NEON kernels, and would describe nothing the engines run)."""
     from tightfit.errors import TightfitError
     from tightfit.lite.runtime import SIMD, library
 
@@ -137,30 +129,82 @@ def measure_kernel_gflops(threads: int = 1, seconds: float = 0.1,
         lib = library(march)
     except TightfitError:
         return None
-    if SIMD[lib.tf_simd()] != "avx512-vnni":
-        return None
+    return lib if SIMD[lib.tf_simd()] == "avx512-vnni" else None
+
+
+def _time_lite_linear(lib: Any, kind: int, rows: int, cols: int, threads: int,
+                      seconds: float) -> tuple[float, int]:
+    """Median seconds of one token through the lite runtime's `tf_linear` against a
+    `rows` x `cols` matrix of GGML type `kind` on `threads` threads, and the matrix's bytes."""
+    import ctypes
+
+    import numpy as np
+
+    from tightfit.errors import TightfitError
+
     rng = np.random.default_rng(0)
-    n = KERNEL_PROBE_ROWS
-    blocks = np.zeros((n * n // 32, 18), dtype=np.uint8)  # Q4_0: f16 scale + 16 nibble bytes
-    blocks[:, :2] = np.full(len(blocks), 0.01, dtype=np.float16).view(np.uint8).reshape(-1, 2)
-    blocks[:, 2:] = rng.integers(0, 256, size=(len(blocks), 16), dtype=np.uint8)
-    x = rng.standard_normal((1, n)).astype(np.float32)
-    y = np.empty((1, n), dtype=np.float32)
+    width = _BLOCK_BYTES[kind]
+    blocks = np.empty((rows * cols // 32, width), dtype=np.uint8)
+    # every block alike: the kernel's time does not depend on the values (integer dot products)
+    blocks[:] = rng.integers(0, 127, size=width, dtype=np.uint8)
+    blocks[:, :2] = np.array([0.01], dtype=np.float16).view(np.uint8)
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    y = np.empty((1, rows), dtype=np.float32)
     fp = ctypes.POINTER(ctypes.c_float)
     xp, yp = x.ctypes.data_as(fp), y.ctypes.data_as(fp)
     threads = max(1, threads)
 
     def call() -> None:
-        if lib.tf_linear(2, n, n, blocks.ctypes.data, 1, xp, yp, threads) != 0:
+        if lib.tf_linear(kind, rows, cols, blocks.ctypes.data, 1, xp, yp, threads) != 0:
             raise TightfitError("the lite kernel probe's call was refused")
 
     call()  # thread pool start-up, first touch of the matrix
-    return 2.0 * n * n / _median_time(call, seconds) / 1e9
+    return _median_time(call, seconds), blocks.nbytes
+
+
+def measure_kernel_gflops(threads: int = 1, seconds: float = 0.1,
+                          march: str | None = None) -> float | None:
+    """This CPU's rate on a hand-written SIMD block-format kernel: the lite runtime's Q4_0
+    matrix-vector product (`tf_linear`, one token against a 4096 x 4096 matrix, activations
+    rounded to int8 as in decode) on `threads` threads, GFLOP/s, median over `seconds`. None
+    where the library cannot be built or its block kernels are not SIMD code (`_lite_kernels`).
+
+    Why it is measured apart from the fp32 GEMM: two 2-core VMs in tightfit's dataset differ in
+    it by 2.2x at one thread (an AMD EPYC 52.1 GFLOP/s, an Intel Xeon 23.4) while their numpy
+    GEMM rates are 101.8 and 123.6, and llama.cpp's and the lite runtime's decode follow the
+    kernel (docs/predictor.md, "A kernel probe")."""
+    lib = _lite_kernels(march)
+    if lib is None:
+        return None
+    n = KERNEL_PROBE_ROWS
+    took, _ = _time_lite_linear(lib, 2, n, n, threads, seconds)
+    return 2.0 * n * n / took / 1e9
+
+
+def measure_kernel_stream_gbps(threads: int = 1, seconds: float = 0.1,
+                               march: str | None = None) -> float | None:
+    """The rate at which the same hand-written kernel streams weights from memory: the lite
+    runtime's Q8_0 matrix-vector product against a matrix larger than the caches
+    (STREAM_PROBE_SHAPE) on `threads` threads, GB/s of matrix bytes read, median over
+    `seconds`. None where `measure_kernel_gflops` is None.
+
+    Why apart from the copy rate: on the Xeon VM this kernel streams 5.8 GB/s at one thread
+    and 11.5 at two, 0.31-0.35 of a copy on the same threads (18.9 / 32.9 GB/s read +
+    write), where the EPYC VM's two threads streamed 25 GB/s against its 25.6 GB/s copy; and
+    the Xeon's llama.cpp and lite decode stream their F16 and Q8_0 weights at the kernel's
+    rate, not the copy's (docs/predictor.md, "A streaming probe")."""
+    lib = _lite_kernels(march)
+    if lib is None:
+        return None
+    rows, cols = STREAM_PROBE_SHAPE
+    took, nbytes = _time_lite_linear(lib, 8, rows, cols, threads, seconds)
+    return nbytes / took / 1e9
 
 
 PROBE_SECONDS = 0.12  # GEMM timing per probe; taken before and after each run
 # what `probe` returns; rows keep them as probe_* (kernel_gflops: None where it cannot be built)
-PROBED = ("matmul_gflops", "bandwidth_gbps", "kernel_gflops", "bandwidth_threads_gbps")
+PROBED = ("matmul_gflops", "bandwidth_gbps", "kernel_gflops", "bandwidth_threads_gbps",
+          "kernel_stream_gbps")
 
 
 def probe(threads: int, seconds: float = PROBE_SECONDS) -> dict[str, float | None]:
@@ -169,11 +213,13 @@ def probe(threads: int, seconds: float = PROBE_SECONDS) -> dict[str, float | Non
     (`measure_bandwidth_gbps`, best of 3: one thread, and again split over the run's threads);
     and the rate of a hand-written block-format kernel on the same threads
     (`measure_kernel_gflops`: the lite runtime's Q4_0 matrix-vector product; None
-    where it cannot be built or is not SIMD code). Two CPUs can order the GEMM and the kernel
-    differently (docs/predictor.md, "A kernel probe"). On a VM the cached figures are not the
+    where it cannot be built or is not SIMD code), and the rate at which that kernel streams a
+    matrix larger than the caches (`measure_kernel_stream_gbps`, Q8_0, 143 MB). Two CPUs can
+    order the GEMM and the kernel differently, and the kernel's streaming and a copy
+    (docs/predictor.md, "A kernel probe", "A streaming probe"). On a VM the cached figures are not the
     whole story: here a 2-thread GEMM read ~145 GFLOP/s for minutes, then ~200 (the host's load
     on the second vCPU), and a 512-token int8 prefill ~455 vs ~620 tok/s with it (correlation
-    0.76 over 16 alternating probes and prefills). Allocates ~0.5 GB: the bench runs it in a
+    0.76 over 16 alternating probes and prefills). Allocates ~0.7 GB: the bench runs it in a
     child process (`probe_in_child`) so the measured process's peak RSS never sees it."""
     import numpy as np
     from threadpoolctl import threadpool_limits
@@ -188,7 +234,8 @@ def probe(threads: int, seconds: float = PROBE_SECONDS) -> dict[str, float | Non
     return {"matmul_gflops": 2 * 512**3 / gemm / 1e9, "bandwidth_gbps": one,
             "kernel_gflops": measure_kernel_gflops(threads, seconds),
             "bandwidth_threads_gbps": one if threads <= 1 else measure_bandwidth_gbps(
-                repeats=3, threads=threads)}
+                repeats=3, threads=threads),
+            "kernel_stream_gbps": measure_kernel_stream_gbps(threads, seconds)}
 
 
 def probe_in_child(threads: int, timeout_s: float = 60.0) -> dict[str, float | None] | None:

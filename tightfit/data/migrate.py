@@ -50,6 +50,12 @@ def _register_builtin() -> None:
         row["hardware"] = {**row["hardware"], "probe_bandwidth_threads_gbps": None}
         return row
 
+    @register(6)
+    def v6_to_v7(row: Row) -> Row:
+        """v7 probes the kernel's streaming rate too (explicit null before)."""
+        row["hardware"] = {**row["hardware"], "probe_kernel_stream_gbps": None}
+        return row
+
 
 def register(from_version: int) -> Callable[[Callable[[Row], Row]], Callable[[Row], Row]]:
     def deco(fn: Callable[[Row], Row]) -> Callable[[Row], Row]:

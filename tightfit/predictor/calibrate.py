@@ -65,8 +65,9 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
-def probe_ratios(threads: int, rounds: int = 3) -> tuple[float | None, float]:
-    """Two ratios from the bench's run probe (`tightfit.bench.fingerprint.probe_in_child`) on
+def probe_ratios(threads: int, rounds: int = 3
+                 ) -> tuple[float | None, float, float | None]:
+    """Three ratios from the bench's run probe (`tightfit.bench.fingerprint.probe_in_child`) on
     `threads` threads, each the median over `rounds` probes (those that did not fail):
     - the block-format kernel's rate as a share of the fp32 GEMM rate (a 512^3 GEMM and the
       lite runtime's Q4_0 kernel, medians: the method hardware.KERNEL_SHARE_OF_GEMM was measured
@@ -79,7 +80,10 @@ def probe_ratios(threads: int, rounds: int = 3) -> tuple[float | None, float]:
       [1, threads]: a copy that fits in the caches (calibrate's `--size-mb 16`, on a VM with
       300 MiB of L3) measures the caches and read 0.2-3x, so this one is never smaller. 1.84 on
       the 2-core Xeon VM; the engines' bandwidth priors were set on a machine whose one-thread
-      copy is taken as the whole."""
+      copy is taken as the whole;
+    - the rate at which the lite kernel streams a matrix larger than the caches as a share of
+      the copy split over the same threads (None where the kernel cannot be built): 0.34 on
+      the Xeon VM, 0.98 on the EPYC VM (hardware.KERNEL_STREAM_SHARE_OF_COPY)."""
     import statistics
 
     from tightfit.bench.fingerprint import probe_in_child
@@ -89,27 +93,31 @@ def probe_ratios(threads: int, rounds: int = 3) -> tuple[float | None, float]:
     # calibrations in a row read shares of 0.175, 0.246 and 0.375 (0.24-0.275 apart)
     got = [p for p in (probe_in_child(threads) for _ in range(rounds)) if p]
     if not got:
-        return None, 1.0
+        return None, 1.0, None
     kernels = [(p["kernel_gflops"], p["matmul_gflops"]) for p in got]
     share = statistics.median(k / g for k, g in kernels) if all(k and g for k, g in kernels) \
         else None
     gain = statistics.median((p["bandwidth_threads_gbps"] or 0.0) / (p["bandwidth_gbps"] or 1.0)
                              for p in got)
-    return share, max(1.0, min(float(threads), gain))
+    streams = [(p["kernel_stream_gbps"], p["bandwidth_threads_gbps"]) for p in got]
+    stream = statistics.median(k / c for k, c in streams) if all(k and c for k, c in streams) \
+        else None
+    return share, max(1.0, min(float(threads), gain)), stream
 
 
 def measure(mb: int = 256, n: int = 1024) -> DeviceSpec:
     """A DeviceSpec for this machine's CPU from quick measurements (a few seconds); its
     bandwidth is the rated equivalent of a one-thread copy (hardware.COPY_OF_PEAK), streamed
     `probe_ratios`' gain faster on its physical cores, its kernel rate the GEMM rate x
-    `probe_ratios`' share."""
+    `probe_ratios`' share, and the kernel's streaming share as `probe_ratios` reads it."""
     cores = physical_cores()
     bw = copy_bandwidth_gbps(mb)
     gflops = round(matmul_tflops(n) * 1000.0, 1)
-    share, gain = probe_ratios(cores)
+    share, gain, stream = probe_ratios(cores)
     name = f"local {platform.machine()} {cores}-core"
     return measured_cpu(name, round(total_memory_gb(), 2), round(bw, 2), gflops, cores,
-                        None if share is None else round(gflops * share, 1), round(gain, 3))
+                        None if share is None else round(gflops * share, 1), round(gain, 3),
+                        None if stream is None else round(stream, 3))
 
 
 def save_profile(spec: DeviceSpec, path: Path,
@@ -119,7 +127,9 @@ def save_profile(spec: DeviceSpec, path: Path,
                           "threads_bandwidth_gain": "copy split over the physical cores / "
                                                     "one-thread copy",
                           "matmul": "numpy fp32 GEMM",
-                          "kernel": "fp32 GEMM x (lite Q4_0 kernel / 512^3 GEMM, same threads)"},
+                          "kernel": "fp32 GEMM x (lite Q4_0 kernel / 512^3 GEMM, same threads)",
+                          "kernel_stream_share": "lite Q8_0 kernel on a 143 MB matrix, GB/s / "
+                                                 "copy split over the same threads"},
                "engine_runs": engine_runs or []}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1))

@@ -290,6 +290,16 @@ KERNEL_SHARE_MEASURED = {"77bd40e2fee6": 0.51, "e52b7ed21aa3": 0.24}
 #   The AMD EPYC VM was not measured so: its one-thread copy stands for both thread counts (its
 #     memory-bound rows, tightfit fp32 and HF, ran no faster at two threads than at one).
 COPY_THREADS_MEASURED = {("e52b7ed21aa3", 2): 1.84}
+# Machines whose rows predate the streaming probe (schema < 7): the kernel's streaming rate as a
+# share of a copy on the same threads (fingerprint.measure_kernel_stream_gbps over
+# measure_bandwidth_gbps), the same at one thread and at two where both were measured.
+#   AMD EPYC VM 77bd40e2fee6: tf_linear Q8_0 8192 x 8192, two threads, best of 15, 25 GB/s
+#     against its 25.6 GB/s copy (2026-12-04, docs/performance.md): 0.98
+#     (hardware.KERNEL_STREAM_SHARE_OF_COPY); one thread not measured.
+#   Intel Xeon VM e52b7ed21aa3: 8 rounds alternating 1 and 2 threads (2026-12-06 13:25 UTC):
+#     6.1-7.7 GB/s against copies of 17.9-22.1 at one thread, 11.5-15.2 against 35.9-44.2 at
+#     two; share median 0.342 at both (0.29-0.38). Again at 13:33 UTC: 0.337 and 0.334.
+STREAM_SHARE_MEASURED = {"77bd40e2fee6": 0.98, "e52b7ed21aa3": 0.34}
 
 
 def own_device(hw: Any) -> DeviceSpec:
@@ -305,7 +315,9 @@ def own_device(hw: Any) -> DeviceSpec:
     it made own-data decode worse (10.9% vs 9.1% MAPE), so only the ratio of the two probes,
     taken together, is used. Kernel rate:
     the row's probe (schema 5 on), else its machine's measured share of the GEMM rate
-    (KERNEL_SHARE_MEASURED), else none (the priors' share)."""
+    (KERNEL_SHARE_MEASURED), else none (the priors' share). The kernel's streaming rate, as a
+    share of the copy on the run's threads: the row's two probes (schema 7 on), else
+    STREAM_SHARE_MEASURED, else none."""
     cores = hw.threads_used or hw.cpu_cores_physical or 1
     every = hw.cpu_threads_logical or cores
     gflops = hw.probe_matmul_gflops or (
@@ -316,9 +328,13 @@ def own_device(hw: Any) -> DeviceSpec:
     one, spread = hw.probe_bandwidth_gbps, getattr(hw, "probe_bandwidth_threads_gbps", None)
     threads_x = max(1.0, min(float(cores), spread / one)) if one and spread else \
         COPY_THREADS_MEASURED.get((hw.machine_id, cores), 1.0)
+    stream = getattr(hw, "probe_kernel_stream_gbps", None)
+    stream_share = round(stream / spread, 3) if stream and spread else \
+        STREAM_SHARE_MEASURED.get(hw.machine_id)
     return hardware.measured_cpu(f"{hw.cpu_model} x{cores} ({hw.machine_id})",
                                  hw.memory_total_gib or 16.0, hw.memory_bandwidth_gbps or 20.0,
-                                 gflops, cores, kernel, round(threads_x, 3))
+                                 gflops, cores, kernel, round(threads_x, 3),
+                                 stream_share)
 
 
 def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:

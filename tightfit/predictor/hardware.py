@@ -47,6 +47,20 @@ class DeviceSpec:
     # scaling `bandwidth_gbps` itself moved prefill 16.0% -> 18.0% and TTFT 21.3% -> 24.4%
     # through the features, this 16.0% / 21.4%; docs/predictor.md). 1 elsewhere.
     threads_bandwidth_gain: float = 1.0
+    # A measured CPU: the rate at which the hand-written kernel streams a matrix larger than the
+    # caches (`fingerprint.measure_kernel_stream_gbps`) as a share of a copy on the same threads
+    # (0.34 on the Xeon VM at one thread and at two, 0.98 on the EPYC VM at two). None: not
+    # measured (every catalog entry).
+    kernel_stream_share: float | None = None
+
+    @property
+    def stream_rel(self) -> float:
+        """How fast the SIMD kernels stream weights on this CPU relative to what its copy rate
+        says: the measured share over KERNEL_STREAM_SHARE_OF_COPY, within [0.25, 4]. 1 where
+        none was measured."""
+        if self.kernel_stream_share is None or self.kind != "cpu":
+            return 1.0
+        return max(0.25, min(4.0, self.kernel_stream_share / KERNEL_STREAM_SHARE_OF_COPY))
 
     @property
     def kernel_rel(self) -> float:
@@ -93,6 +107,11 @@ COPY_OF_PEAK = 0.7
 # whose kernels run at this share of it"; a CPU measured at another share has its SIMD-kernel
 # compute scaled by the ratio (roofline.kernel_scale).
 KERNEL_SHARE_OF_GEMM = 0.51
+# The same kernel's streaming rate as a share of a copy on the same threads, on that machine:
+# tf_linear Q8_0, one token, 8192 x 8192, two threads, best of 15, 25 GB/s against its 25.6 GB/s
+# copy (2026-12-04, the lite priors' component measurement, docs/performance.md); the EPYC's
+# copy gain from a second thread was not measured and is taken as 1.
+KERNEL_STREAM_SHARE_OF_COPY = 0.98
 
 
 def _c(name: str, mem: float, bw: float, cores: int, gflops_core: float, simd: int = 8) -> DeviceSpec:
@@ -102,13 +121,15 @@ def _c(name: str, mem: float, bw: float, cores: int, gflops_core: float, simd: i
 
 def measured_cpu(name: str, memory_gb: float, copy_gbps: float, gflops: float,
                  cores: int, kernel_gflops: float | None = None,
-                 threads_bandwidth_gain: float = 1.0) -> DeviceSpec:
+                 threads_bandwidth_gain: float = 1.0,
+                 kernel_stream_share: float | None = None) -> DeviceSpec:
     """A CPU described by measurements: `copy_gbps` the copy rate (read + write), `gflops` the
     matrix rate of the cores it may use, `kernel_gflops` the block-format kernel's rate on them
     (None: not measured). Its bandwidth is the rated equivalent of the copy."""
     spec = _c(name, memory_gb, round(copy_gbps / COPY_OF_PEAK, 2), cores, gflops / cores)
     return replace(spec, fp16_tflops=gflops / 1000.0, copy_bandwidth_gbps=copy_gbps,
-                   kernel_gflops=kernel_gflops, threads_bandwidth_gain=threads_bandwidth_gain)
+                   kernel_gflops=kernel_gflops, threads_bandwidth_gain=threads_bandwidth_gain,
+                   kernel_stream_share=kernel_stream_share)
 
 
 def _s(name: str, kind: str, mem: float, bw: float, tf: float, cu: int) -> DeviceSpec:

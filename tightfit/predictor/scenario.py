@@ -194,6 +194,9 @@ def _device(hw: dict[str, Any]) -> tuple[DeviceSpec, float, list[str]]:
         used = min(int(cores), base.cpu_cores)
         spec = replace(spec, threads_bandwidth_gain=1 + (spec.threads_bandwidth_gain - 1)
                        * (used - 1) / (base.cpu_cores - 1))
+    stream = _number(hw, "kernel_stream_share", "hardware", 0, 4)
+    if stream is not None:
+        spec = replace(spec, kernel_stream_share=stream)
     kernel = _number(hw, "kernel_gflops", "hardware", 0, 1_000_000)
     if kernel is not None:
         spec = replace(spec, kernel_gflops=kernel)
