@@ -143,11 +143,12 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(payload, indent=1))
     else:
         kernel = "no" if spec.kernel_gflops is None else f"{spec.kernel_gflops:.0f} GFLOP/s"
+        kernel += " block-format kernel"
         if spec.kernel_stream_share is not None:
-            kernel += f" (streaming at {spec.kernel_stream_share:.2f} of a copy)"
+            kernel += f" (streams {spec.kernel_stream_share:.2f} of a copy)"
         print(f"{spec.name}: {spec.copy_bandwidth_gbps} GB/s copy (rated equivalent "
               f"{spec.bandwidth_gbps}), {spec.fp16_tflops * 1000:.0f} "
-              f"GFLOP/s fp32 matmul, {kernel} block-format kernel, {spec.memory_gb} GiB RAM "
+              f"GFLOP/s fp32 matmul, {kernel}, {spec.memory_gb} GiB RAM "
               f"-> {path}")
         for r in runs:
             print(f"engine run: {r['engine']} {r['model']} {r['quant']}, {r['threads']} threads: "
