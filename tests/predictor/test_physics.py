@@ -687,7 +687,7 @@ def test_a_gpu_or_a_catalog_cpu_has_no_stream_scale(row) -> None:
 
     assert lookup("Raspberry Pi 5").stream_rel == 1.0
     row["hardware"]["kernel_stream_share"] = 0.3  # on a GPU the CPU kernels do not run
-    assert roofline.stream_scale(parse_row(row), "decode") == 1.0
+    assert roofline.stream_scale(parse_row(row)) == 1.0
     tiny = parse_row(_cpu_row("llama.cpp", "Q4_0", kernel_stream_share=0.001))
     assert tiny.device.stream_rel == 0.25  # clipped like the kernel's share
     row["hardware"]["kernel_stream_share"] = 7

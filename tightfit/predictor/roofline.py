@@ -73,17 +73,21 @@ def kernel_scale(s: Scenario, phase: str) -> float:
     d = s.device
     if d.device_class != "cpu" or d.kernel_gflops is None:
         return 1.0
-    return d.kernel_rel if _hand_written(s, phase) else 1.0
+    if s.engine in ("llama.cpp", "tightfit-lite") or (
+            phase == "decode" and s.engine == "tightfit" and s.quant.lower() not in FLOAT_WEIGHTS):
+        return d.kernel_rel
+    return 1.0
 
 
-def _hand_written(s: Scenario, phase: str) -> bool:
-    return s.engine in ("llama.cpp", "tightfit-lite") or (
-        phase == "decode" and s.engine == "tightfit" and s.quant.lower() not in FLOAT_WEIGHTS)
-
-
-def stream_scale(s: Scenario, phase: str) -> float:
-    """The memory side of kernel_scale: how much faster (> 1) or slower the same hand-written
-    kernels stream weights on this CPU than its copy rate says (DeviceSpec.stream_rel)."""
+def stream_scale(s: Scenario) -> float:
+    """How much faster (> 1) or slower llama.cpp's and the lite runtime's kernels stream weights
+    on this CPU than its copy rate says (DeviceSpec.stream_rel), in every phase; 1 for the other
+    engines, off a CPU, and on a CPU with no streaming share measured. The Xeon VM's lite
+    kernel streams 0.34 of a copy, the EPYC's 0.98, and the Xeon's llama.cpp and lite decode
+    read F16 / Q8_0 weights at 4.6-6.7 GB/s against a ~20 GB/s copy. tightfit's integer decode
+    is not scaled: scaled, held out by machine, its EPYC and Xeon rows swapped sides (0.87-0.93
+    and 0.94-1.22 of measured speed -> 1.28-1.44 and 0.60-0.80; docs/predictor.md, "A
+    streaming probe")."""
     return s.device.stream_rel if s.engine in ("llama.cpp", "tightfit-lite") else 1.0
 
 
@@ -103,7 +107,7 @@ def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple
     flops = w.batch * 2 * (m.active_params_b * 1e9 - memory.lookup_only_params(s)) + attn_flops
     f = mem.device_fraction
     mem_s = f * timed_bytes / (d.bandwidth_gbps * d.threads_bandwidth_gain * 1e9 * prof.bw_eff
-                               * stream_scale(s, "decode"))
+                               * stream_scale(s))
     # attention's FLOPs run at the engine's attn_rel of its matrix rate (the lite runtime: 0.65)
     comp_s = f * (flops + attn_flops * (1 / prof.attn_rel - 1)) / (
         d.fp16_tflops * 1e12 * prof.decode_comp_eff * kernel_scale(s, "decode"))
@@ -155,7 +159,7 @@ def prefill_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tupl
     weights = memory.weight_bytes(s, prof)
     streamed = memory.streamed_weight_bytes(s, prof) - memory.lookup_only_bytes(s, prof)
     mem_s = mem.device_fraction * streamed * ubatches / (
-        d.bandwidth_gbps * d.threads_bandwidth_gain * 1e9 * prof.bw_eff * stream_scale(s, "prefill"))
+        d.bandwidth_gbps * d.threads_bandwidth_gain * 1e9 * prof.bw_eff * stream_scale(s))
     comp_s = flops / (d.fp16_tflops * 1e12 * prof.comp_eff * kernel_scale(s, "prefill"))
     off = (1 - mem.device_fraction) * weights * ubatches / (d.link_gbps * 1e9 * _LINK_EFF)
     ovh = ubatches * (prof.step_overhead_s + prof.layer_overhead_s * m.n_layers)
