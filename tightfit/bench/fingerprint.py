@@ -219,7 +219,7 @@ def probe(threads: int, seconds: float = PROBE_SECONDS) -> dict[str, float | Non
     (docs/predictor.md, "A kernel probe", "A streaming probe"). On a VM the cached figures are not the
     whole story: here a 2-thread GEMM read ~145 GFLOP/s for minutes, then ~200 (the host's load
     on the second vCPU), and a 512-token int8 prefill ~455 vs ~620 tok/s with it (correlation
-    0.76 over 16 alternating probes and prefills). Allocates ~0.7 GB: the bench runs it in a
+    0.76 over 16 alternating probes and prefills). Allocates ~0.6 GB: the bench runs it in a
     child process (`probe_in_child`) so the measured process's peak RSS never sees it."""
     import numpy as np
     from threadpoolctl import threadpool_limits
