@@ -17,44 +17,29 @@ Row = dict[str, Any]
 MIGRATIONS: dict[int, Callable[[Row], Row]] = {}
 
 
+def _adds_nulls(section: str, *fields: str) -> Callable[[Row], Row]:
+    """A step that adds `fields` to a row's `section` as explicit nulls: what an older row did
+    not record (a section the row lacks, such as a failed run's results, stays absent)."""
+    def step(row: Row) -> Row:
+        if row.get(section) is not None:
+            row[section] = {**row[section], **dict.fromkeys(fields)}
+        return row
+    return step
+
+
 def _register_builtin() -> None:
-    @register(1)
-    def v1_to_v2(row: Row) -> Row:
-        """v2 records the code's git commit; v1 rows did not know it (explicit null)."""
-        row["software"] = {**row["software"], "tightfit_commit": None}
-        return row
-
-    @register(2)
-    def v2_to_v3(row: Row) -> Row:
-        """v3 records the load-time peak RSS apart from the peak so far (explicit null)."""
-        if row.get("results") is not None:
-            row["results"] = {**row["results"], "load_peak_rss_mib": None}
-        return row
-
-    @register(3)
-    def v3_to_v4(row: Row) -> Row:
-        """v4 probes the GEMM and copy rates around each run (explicit null before)."""
-        row["hardware"] = {**row["hardware"], "probe_matmul_gflops": None,
-                           "probe_bandwidth_gbps": None}
-        return row
-
-    @register(4)
-    def v4_to_v5(row: Row) -> Row:
-        """v5 probes a block-format kernel's rate around each run (explicit null before)."""
-        row["hardware"] = {**row["hardware"], "probe_kernel_gflops": None}
-        return row
-
-    @register(5)
-    def v5_to_v6(row: Row) -> Row:
-        """v6 probes the copy rate on the run's threads too (explicit null before)."""
-        row["hardware"] = {**row["hardware"], "probe_bandwidth_threads_gbps": None}
-        return row
-
-    @register(6)
-    def v6_to_v7(row: Row) -> Row:
-        """v7 probes the kernel's streaming rate too (explicit null before)."""
-        row["hardware"] = {**row["hardware"], "probe_kernel_stream_gbps": None}
-        return row
+    # v2 records the code's git commit
+    register(1)(_adds_nulls("software", "tightfit_commit"))
+    # v3 records the load-time peak RSS apart from the peak so far
+    register(2)(_adds_nulls("results", "load_peak_rss_mib"))
+    # v4 probes the GEMM and copy rates around each run
+    register(3)(_adds_nulls("hardware", "probe_matmul_gflops", "probe_bandwidth_gbps"))
+    # v5 probes a block-format kernel's rate around each run
+    register(4)(_adds_nulls("hardware", "probe_kernel_gflops"))
+    # v6 probes the copy rate on the run's threads too
+    register(5)(_adds_nulls("hardware", "probe_bandwidth_threads_gbps"))
+    # v7 probes the kernel's streaming rate too
+    register(6)(_adds_nulls("hardware", "probe_kernel_stream_gbps"))
 
 
 def register(from_version: int) -> Callable[[Callable[[Row], Row]], Callable[[Row], Row]]:

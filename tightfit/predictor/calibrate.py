@@ -94,15 +94,16 @@ def probe_ratios(threads: int, rounds: int = 3
     got = [p for p in (probe_in_child(threads) for _ in range(rounds)) if p]
     if not got:
         return None, 1.0, None
-    kernels = [(p["kernel_gflops"], p["matmul_gflops"]) for p in got]
-    share = statistics.median(k / g for k, g in kernels) if all(k and g for k, g in kernels) \
-        else None
+
+    def median_ratio(num: str, den: str) -> float | None:
+        pairs = [(p[num], p[den]) for p in got]
+        return statistics.median(a / b for a, b in pairs) if all(a and b for a, b in pairs) \
+            else None
+
     gain = statistics.median((p["bandwidth_threads_gbps"] or 0.0) / (p["bandwidth_gbps"] or 1.0)
                              for p in got)
-    streams = [(p["kernel_stream_gbps"], p["bandwidth_threads_gbps"]) for p in got]
-    stream = statistics.median(k / c for k, c in streams) if all(k and c for k, c in streams) \
-        else None
-    return share, max(1.0, min(float(threads), gain)), stream
+    return (median_ratio("kernel_gflops", "matmul_gflops"), max(1.0, min(float(threads), gain)),
+            median_ratio("kernel_stream_gbps", "bandwidth_threads_gbps"))
 
 
 def measure(mb: int = 256, n: int = 1024) -> DeviceSpec:

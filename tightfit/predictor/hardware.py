@@ -60,7 +60,7 @@ class DeviceSpec:
         none was measured."""
         if self.kernel_stream_share is None or self.kind != "cpu":
             return 1.0
-        return max(0.25, min(4.0, self.kernel_stream_share / KERNEL_STREAM_SHARE_OF_COPY))
+        return _rel(self.kernel_stream_share, KERNEL_STREAM_SHARE_OF_COPY)
 
     @property
     def kernel_rel(self) -> float:
@@ -69,8 +69,7 @@ class DeviceSpec:
         kernel rate was measured (every catalog entry)."""
         if self.kernel_gflops is None or self.kind != "cpu" or self.fp16_tflops <= 0:
             return 1.0
-        share = self.kernel_gflops / (self.fp16_tflops * 1000.0)
-        return max(0.25, min(4.0, share / KERNEL_SHARE_OF_GEMM))
+        return _rel(self.kernel_gflops / (self.fp16_tflops * 1000.0), KERNEL_SHARE_OF_GEMM)
 
     @property
     def device_class(self) -> str:
@@ -112,6 +111,12 @@ KERNEL_SHARE_OF_GEMM = 0.51
 # copy (2026-12-04, the lite priors' component measurement, docs/performance.md); the EPYC's
 # copy gain from a second thread was not measured and is taken as 1.
 KERNEL_STREAM_SHARE_OF_COPY = 0.98
+
+
+def _rel(share: float, reference: float) -> float:
+    """A measured share over the priors' machine's, within [0.25, 4]: a typo or a stalled probe
+    cannot make a CPU more than 4x slower or faster than its other figures say."""
+    return max(0.25, min(4.0, share / reference))
 
 
 def _c(name: str, mem: float, bw: float, cores: int, gflops_core: float, simd: int = 8) -> DeviceSpec:
