@@ -31,13 +31,12 @@ def _best_of(fn: object, repeats: int, min_time_s: float = 0.25) -> float:
 
 
 def copy_bandwidth_gbps(mb: int = 256, repeats: int = 5) -> float:
-    """Bytes read + written per second by numpy.copyto of a `mb`-MB array (best of `repeats`)."""
-    import numpy as np
+    """Bytes read + written per second by a one-thread numpy copy of a `mb`-MiB array (best of
+    `repeats`): the bench fingerprint's measurement (`measure_bandwidth_gbps`), so a calibrated
+    profile and a bench row read the same copy."""
+    from tightfit.bench.fingerprint import measure_bandwidth_gbps
 
-    src = np.ones(mb * 2**20 // 8, dtype=np.float64)
-    dst = np.empty_like(src)
-    t = _best_of(lambda: np.copyto(dst, src), repeats)
-    return 2 * src.nbytes / t / 1e9
+    return measure_bandwidth_gbps(mib=mb, repeats=repeats)
 
 
 def matmul_tflops(n: int = 1024, repeats: int = 5) -> float:
