@@ -91,6 +91,42 @@ def stream_scale(s: Scenario) -> float:
     return s.device.stream_rel if s.engine in ("llama.cpp", "tightfit-lite") else 1.0
 
 
+# fbgemm's int8 product, which tightfit's int8 decode runs (two activation rows a token,
+# quant/linear.int8x2_linear), gains from more threads on large matrices only. Component
+# measurement on the Xeon VM (30 distinct int8 matrices of one shape a pass, one token, 1 vs 2
+# threads alternating, best of 3 medians, 2026-12-06 16:00 UTC, docs/predictor.md "Thread gain of
+# fbgemm's small products"): a second thread gained 0.7-1.0x on 0.33-0.55 MB matrices, 1.2-1.4x
+# at 0.66-0.88 MB, 1.5-1.7x at 1.0-2.6 MB and 1.7-2.0x at 17-134 MB, against the copy's 1.84.
+# As a share of the copy's gain: ~0 below 0.5 MB, rising with log size to ~1 at 2 MB.
+FBGEMM_THREADED_MB = (0.5, 2.0)
+
+
+def thread_efficiency(s: Scenario) -> float:
+    """The share (0-1) of the extra rate more threads give the analytic base (the copy's gain in
+    the memory term, the thread count in the compute term) that an engine's decode products
+    get: for tightfit's int8 decode on a CPU, the byte-weighted share over the model's matrices
+    (`FBGEMM_THREADED_MB`: 0 at 0.5 MB, 1 from 2 MB, linear in log size between), with each
+    layer's fused products (q/k/v, output, gate/up, down) and the output head; 1 elsewhere. The
+    default model's matrices are 0.33-1.77 MB (0.66 with its 28 MB head), Gemma 3 270M's
+    0.66-2.6 (0.90 with its 168 MB head); an 8B model's are all larger than 2 MB."""
+    if s.engine != "tightfit" or s.device.device_class != "cpu" or s.quant.lower() != "int8":
+        return 1.0
+    m = s.model
+    lo, hi = FBGEMM_THREADED_MB
+    q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+    sizes = [(m.hidden_size * (q + 2 * kv), m.n_layers), (q * m.hidden_size, m.n_layers),
+             (2 * m.intermediate_size * m.hidden_size, m.n_layers),
+             (m.intermediate_size * m.hidden_size, m.n_layers), (m.vocab_size * m.hidden_size, 1)]
+    total = sum(b * n for b, n in sizes)
+    if total <= 0:
+        return 1.0
+
+    def share(nbytes: float) -> float:
+        return min(1.0, max(0.0, math.log(max(nbytes, 1.0) / 1e6 / lo) / math.log(hi / lo)))
+
+    return sum(b * n * share(b) for b, n in sizes) / total
+
+
 def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple[Phase, float, float]:
     m, w, d = s.model, s.workload, s.device
     ctx = w.prompt_tokens + w.gen_tokens / 2
@@ -106,11 +142,16 @@ def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple
     # every parameter a token meets is a multiply-add, but for an untied embedding's lookup
     flops = w.batch * 2 * (m.active_params_b * 1e9 - memory.lookup_only_params(s)) + attn_flops
     f = mem.device_fraction
-    mem_s = f * timed_bytes / (d.bandwidth_gbps * d.threads_bandwidth_gain * 1e9 * prof.bw_eff
-                               * stream_scale(s))
+    # what more threads add, to the copy rate and to the matrix rate, less the share an
+    # engine's products do not get (thread_efficiency: tightfit's int8 on small matrices)
+    eff = thread_efficiency(s)
+    threads = _cpu_threads(s)
+    bw_gain = 1.0 + eff * (d.threads_bandwidth_gain - 1.0)
+    comp_gain = (1.0 + eff * (threads - 1)) / threads if threads > 1 else 1.0
+    mem_s = f * timed_bytes / (d.bandwidth_gbps * bw_gain * 1e9 * prof.bw_eff * stream_scale(s))
     # attention's FLOPs run at the engine's attn_rel of its matrix rate (the lite runtime: 0.65)
     comp_s = f * (flops + attn_flops * (1 / prof.attn_rel - 1)) / (
-        d.fp16_tflops * 1e12 * prof.decode_comp_eff * kernel_scale(s, "decode"))
+        d.fp16_tflops * comp_gain * 1e12 * prof.decode_comp_eff * kernel_scale(s, "decode"))
     off = _offload_decode(s, prof, timed_bytes, mem)  # the CPU's layers are MoE layers too
     ovh = _layer_overhead_s(prof, s) * m.n_layers + prof.step_overhead_s + _HOP_S * (d.device_count - 1)
     return Phase(mem_s, comp_s, ovh, off), step_bytes, flops
@@ -123,8 +164,12 @@ def _layer_overhead_s(prof: EngineProfile, s: Scenario) -> float:
     ~0.5 s for 512 tokens of SmolLM2-135M at two threads) and prefill's base leaves them out:
     counted there, prefill held out by model went 16.5% -> 19.4% and TTFT 17.5% -> 31.3%
     through screening alone (`tightfit predictor evaluate`, 2026-12-06 05:05-05:14 UTC)."""
-    threads = (s.device.cpu_cores or s.device.compute_units) if s.device.device_class == "cpu" else 0
-    return prof.layer_overhead_s + prof.sync_s_per_thread_layer * threads
+    return prof.layer_overhead_s + prof.sync_s_per_thread_layer * _cpu_threads(s)
+
+
+def _cpu_threads(s: Scenario) -> int:
+    """The threads a CPU run uses (its device's cores); 0 off a CPU."""
+    return (s.device.cpu_cores or s.device.compute_units) if s.device.device_class == "cpu" else 0
 
 
 def _offload_decode(s: Scenario, prof: EngineProfile, step_bytes: float, mem: MemoryEstimate) -> float:
