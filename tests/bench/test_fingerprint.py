@@ -73,3 +73,17 @@ def test_a_copy_split_over_threads_covers_the_array_once():
     one = fp.measure_bandwidth_gbps(mib=16, repeats=2)
     for threads in (2, 3):
         assert fp.measure_bandwidth_gbps(mib=16, repeats=2, threads=threads) > 0.2 * one
+
+
+def test_copies_at_several_thread_counts_share_one_pair_of_arrays(monkeypatch):
+    """The run probe's two copies (one thread, the run's threads) come from one allocation, in
+    the order asked, and each is the single-count measurement's figure."""
+    import numpy as np
+
+    made = []
+    real_ones = np.ones
+    monkeypatch.setattr(np, "ones", lambda *a, **k: made.append(a) or real_ones(*a, **k))
+    one, two = fp.measure_bandwidths_gbps((1, 2), mib=16, repeats=2)
+    assert len(made) == 1 and one > 0 and two > 0.2 * one
+    monkeypatch.setattr(fp, "measure_bandwidths_gbps", lambda counts, mib, repeats: (7.5,))
+    assert fp.measure_bandwidth_gbps(mib=16, repeats=2, threads=3) == 7.5

@@ -80,22 +80,32 @@ def measure_bandwidth_gbps(mib: int = 256, repeats: int = 5, threads: int = 1) -
     GIL while it copies). One core does not always reach what the machine streams: on the 2-core
     Xeon VM a one-thread copy read 19-22 GB/s and a two-thread one 35-40 (docs/predictor.md,
     "Bandwidth at the run's threads")."""
+    return measure_bandwidths_gbps((threads,), mib, repeats)[0]
+
+
+def measure_bandwidths_gbps(thread_counts: tuple[int, ...], mib: int = 256,
+                            repeats: int = 5) -> tuple[float, ...]:
+    """`measure_bandwidth_gbps` at each of `thread_counts`, in order, on one pair of arrays (the
+    run probe takes one thread's copy and the run's threads' copy: one allocation, and one
+    round of first-touch page faults, not two)."""
     import numpy as np
+    from concurrent.futures import ThreadPoolExecutor
 
     src = np.ones(mib * 2**20 // 4, dtype=np.float32)
     dst = np.empty_like(src)
-    if threads <= 1:
-        best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(repeats))
-        return round(2 * src.nbytes / best / 1e9, 2)
-    from concurrent.futures import ThreadPoolExecutor
-
-    parts = [(dst[part], src[part]) for part in split(len(src), threads)]
-    with ThreadPoolExecutor(threads) as pool:
-        def copy() -> None:
-            list(pool.map(lambda p: np.copyto(*p), parts))
-        copy()  # the pool's threads start
-        best = min(_timed(copy) for _ in range(repeats))
-    return round(2 * src.nbytes / best / 1e9, 2)
+    rates = []
+    for threads in thread_counts:
+        if threads <= 1:
+            best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(repeats))
+        else:
+            parts = [(dst[part], src[part]) for part in split(len(src), threads)]
+            with ThreadPoolExecutor(threads) as pool:
+                def copy() -> None:
+                    list(pool.map(lambda p: np.copyto(*p), parts))
+                copy()  # the pool's threads start
+                best = min(_timed(copy) for _ in range(repeats))
+        rates.append(round(2 * src.nbytes / best / 1e9, 2))
+    return tuple(rates)
 
 
 def measure_matmul_gflops(n: int = 1024, repeats: int = 3) -> float:
@@ -210,7 +220,8 @@ PROBED = ("matmul_gflops", "bandwidth_gbps", "kernel_gflops", "bandwidth_threads
 def probe(threads: int, seconds: float = PROBE_SECONDS) -> dict[str, float | None]:
     """The machine's state around one run: the median rate of a 512^3 fp32 numpy GEMM on the
     run's own thread count over `seconds`; the copy rate as the cached fingerprint takes it
-    (`measure_bandwidth_gbps`, best of 3: one thread, and again split over the run's threads);
+    (`measure_bandwidths_gbps`, best of 3: one thread, and again split over the run's threads,
+    on the same arrays);
     and the rate of a hand-written block-format kernel on the same threads
     (`measure_kernel_gflops`: the lite runtime's Q4_0 matrix-vector product; None
     where it cannot be built or is not SIMD code), and the rate at which that kernel streams a
@@ -230,11 +241,11 @@ def probe(threads: int, seconds: float = PROBE_SECONDS) -> dict[str, float | Non
     with threadpool_limits(limits=max(1, threads)):
         a @ b  # thread start-up
         gemm = _median_time(lambda: a @ b, seconds)
-    one = measure_bandwidth_gbps(repeats=3)
+    copies = measure_bandwidths_gbps((1, threads) if threads > 1 else (1,), repeats=3)
+    one, split_copy = copies[0], copies[-1]
     return {"matmul_gflops": 2 * 512**3 / gemm / 1e9, "bandwidth_gbps": one,
             "kernel_gflops": measure_kernel_gflops(threads, seconds),
-            "bandwidth_threads_gbps": one if threads <= 1 else measure_bandwidth_gbps(
-                repeats=3, threads=threads),
+            "bandwidth_threads_gbps": split_copy,
             "kernel_stream_gbps": measure_kernel_stream_gbps(threads, seconds)}
 
 
