@@ -94,10 +94,11 @@ def stream_scale(s: Scenario) -> float:
 # fbgemm's int8 product, which tightfit's int8 decode runs (two activation rows a token,
 # quant/linear.int8x2_linear), gains from more threads on large matrices only. Component
 # measurement on the Xeon VM (30 distinct int8 matrices of one shape a pass, one token, 1 vs 2
-# threads alternating, best of 3 medians, 2026-12-06 16:02 and 16:06 UTC, docs/predictor.md "Thread gain of
-# fbgemm's small products"): a second thread gained 0.7-1.0x on 0.33-0.55 MB matrices, 1.2-1.4x
-# at 0.66-0.88 MB, 1.5-1.7x at 1.0-2.6 MB and 1.7-2.0x at 17-134 MB, against the copy's 1.84.
-# As a share of the copy's gain: ~0 below 0.5 MB, rising with log size to ~1 at 2 MB.
+# threads alternating, best of 3 medians, two rounds, 2026-12-06 16:02 and 16:06 UTC;
+# docs/predictor.md "Thread gain of fbgemm's small products"): a second thread gained
+# 0.73-1.10x on 0.33-0.55 MB matrices, 1.14-1.36x at 0.66-0.88 MB, 1.49-1.87x at 0.98-2.6 MB,
+# and 1.70-1.97x at 17-134 MB (one matrix), against the copy's 1.84. As a share of the copy's
+# gain: ~0 below 0.5 MB, rising with log size to ~1 at 2 MB.
 FBGEMM_THREADED_MB = (0.5, 2.0)
 
 
