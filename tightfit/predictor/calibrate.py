@@ -30,15 +30,6 @@ def _best_of(fn: object, repeats: int, min_time_s: float = 0.25) -> float:
     return best
 
 
-def copy_bandwidth_gbps(mb: int = 256, repeats: int = 5) -> float:
-    """Bytes read + written per second by a one-thread numpy copy of a `mb`-MiB array (best of
-    `repeats`): the bench fingerprint's measurement (`measure_bandwidth_gbps`), so a calibrated
-    profile and a bench row read the same copy."""
-    from tightfit.bench.fingerprint import measure_bandwidth_gbps
-
-    return measure_bandwidth_gbps(mib=mb, repeats=repeats)
-
-
 def matmul_tflops(n: int = 1024, repeats: int = 5) -> float:
     """fp32 GEMM rate (2 n^3 FLOPs per product), best of `repeats`."""
     import numpy as np
@@ -110,8 +101,10 @@ def measure(mb: int = 256, n: int = 1024) -> DeviceSpec:
     bandwidth is the rated equivalent of a one-thread copy (hardware.COPY_OF_PEAK), streamed
     `probe_ratios`' gain faster on its physical cores, its kernel rate the GEMM rate x
     `probe_ratios`' share, and the kernel's streaming share as `probe_ratios` reads it."""
+    from tightfit.bench.fingerprint import measure_bandwidth_gbps
+
     cores = physical_cores()
-    bw = copy_bandwidth_gbps(mb)
+    bw = measure_bandwidth_gbps(mib=mb)  # the bench fingerprint's copy: a profile and a row agree
     gflops = round(matmul_tflops(n) * 1000.0, 1)
     share, gain, stream = probe_ratios(cores)
     name = f"local {platform.machine()} {cores}-core"

@@ -117,7 +117,7 @@ def thread_efficiency(s: Scenario) -> float:
     q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
     sizes = [(m.hidden_size * (q + 2 * kv), m.n_layers), (q * m.hidden_size, m.n_layers),
              (2 * m.intermediate_size * m.hidden_size, m.n_layers),
-             (m.intermediate_size * m.hidden_size, m.n_layers), (m.vocab_size * m.hidden_size, 1)]
+             (m.intermediate_size * m.hidden_size, m.n_layers), (m.embedding_params, 1)]
     total = sum(b * n for b, n in sizes)
     if total <= 0:
         return 1.0
@@ -146,9 +146,9 @@ def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple
     # what more threads add, to the copy rate and to the matrix rate, less the share an
     # engine's products do not get (thread_efficiency: tightfit's int8 on small matrices)
     eff = thread_efficiency(s)
-    threads = _cpu_threads(s)
+    threads = max(_cpu_threads(s), 1)
     bw_gain = 1.0 + eff * (d.threads_bandwidth_gain - 1.0)
-    comp_gain = (1.0 + eff * (threads - 1)) / threads if threads > 1 else 1.0
+    comp_gain = (1.0 + eff * (threads - 1)) / threads
     mem_s = f * timed_bytes / (d.bandwidth_gbps * bw_gain * 1e9 * prof.bw_eff * stream_scale(s))
     # attention's FLOPs run at the engine's attn_rel of its matrix rate (the lite runtime: 0.65)
     comp_s = f * (flops + attn_flops * (1 / prof.attn_rel - 1)) / (
