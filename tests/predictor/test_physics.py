@@ -531,6 +531,28 @@ def test_llama_cpp_keeps_the_context_asked_for_and_says_which_would_fit(row) -> 
     assert out["offload_fraction"] == 0 and not any("keeps every layer" in n for n in out["notes"])
 
 
+def test_offloaded_row_says_what_is_on_the_host_and_which_field_decides_fits(row):
+    """A 70B Q4_K_M on one 24 GB card: about half of it on the host. Without the host's RAM
+    `fits` is null, and the notes say how many GiB are on the host and which field decides;
+    with it given, the prediction decides and that note goes."""
+    from tightfit.predictor import predict
+
+    row["model"] = {"name": "Llama-3.3-70B-Instruct"}
+    row["quant"] = "Q4_K_M"
+    row["hardware"] = {"name": "RTX 4090"}
+    out = predict([row])[0]
+    assert out["fits"] is None and 0.3 < out["offload_fraction"] < 0.7
+    host = [n for n in out["notes"] if "on the host at a" in n]
+    assert len(host) == 1 and "llama.cpp runs those layers on the CPU" in host[0]
+    assert any("give hardware.host_memory_gb" in n for n in out["notes"])
+    row["hardware"]["host_memory_gb"] = 64
+    out = predict([row])[0]
+    assert out["fits"] is True and not any("host_memory_gb" in n for n in out["notes"])
+    row["engine"] = "hf-transformers"
+    out = predict([row])[0]
+    assert any("streams them over the host link every step" in n for n in out["notes"])
+
+
 @pytest.mark.parametrize("quant,file_gb", [("Q8_0", 1.32), ("Q6_K", 1.02), ("Q5_K_M", 0.91),
                                            ("Q5_K_S", 0.89), ("Q4_K_M", 0.81), ("Q4_K_S", 0.78)])
 def test_preset_weights_match_published_file_sizes(row, quant: str, file_gb: float) -> None:

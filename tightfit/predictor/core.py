@@ -62,22 +62,31 @@ def predict_scenario(s: Scenario, model: PredictorModel,
         peak_memory_gb=b.memory.peak_bytes / GB, offload_fraction=1 - b.memory.device_fraction,
         prefill_tok_s=prefill, decode_tok_s=w.batch / t_step, ttft_s=ttft, tpot_s=t_step,
         bottleneck=attribution.bottleneck(b.decode), factors=factors,
-        interval=_intervals(s, model, b, t_step, t_pre, ttft), notes=s.notes + _context_note(s, b),
+        interval=_intervals(s, model, b, t_step, t_pre, ttft), notes=s.notes + _placement_notes(s, b),
         memory=_memory_parts(b),
     )
 
 
-def _context_note(s: Scenario, b: Breakdown) -> tuple[str, ...]:
-    """Where the context asked for is what pushes layers off a GPU, say which context would not."""
+def _placement_notes(s: Scenario, b: Breakdown) -> tuple[str, ...]:
+    """Where layers leave a GPU: how much goes to the host and what the engine does with it,
+    the largest context that would keep every layer on the GPU (where the context asked for is
+    what pushes them off), and, where `fits` is undecided, the field that decides it."""
     m = b.memory
     if m.device_fraction >= 1.0 or s.device.device_class != "discrete_gpu":
         return ()
-    ctx = memory.max_context_on_device(s, engines.profile(s.engine, s.device.device_class, s.quant))
-    if ctx is None:
-        return ()
-    return (f"{100 * (1 - m.device_fraction):.0f}% of the weights and K/V on the host at a "
-            f"{s.workload.context_tokens}-token context; a context of up to {ctx} tokens keeps "
-            "every layer on the GPU",)
+    prof = engines.profile(s.engine, s.device.device_class, s.quant)
+    where = ("runs those layers on the CPU from host RAM" if prof.offload == "layer_split"
+             else "streams them over the host link every step")
+    share = (f"{100 * (1 - m.device_fraction):.0f}% of the weights and K/V "
+             f"({m.host_bytes / GB:.1f} GiB) on the host at a {s.workload.context_tokens}-token "
+             f"context ({s.engine} {where})")
+    ctx = memory.max_context_on_device(s, prof)
+    notes = [f"{share}; a context of up to {ctx} tokens keeps every layer on the GPU"
+             if ctx is not None else f"{share}; no context keeps every layer on the GPU"]
+    if m.fits is None:
+        notes.append(f"fits is null: whether the {m.host_bytes / GB:.1f} GiB on the host fit "
+                     "in its RAM is unknown; give hardware.host_memory_gb to decide")
+    return tuple(notes)
 
 
 def _memory_parts(b: Breakdown) -> dict[str, float | str]:
