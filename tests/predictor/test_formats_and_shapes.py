@@ -157,6 +157,13 @@ def test_catalog_does_not_guess_unknown_devices() -> None:
     ("AMD Ryzen Threadripper PRO 5995WX 64-Cores", "Ryzen Threadripper PRO 5995WX", 204),
     ("Ampere Altra Max M128-30", "Ampere Altra Max", 204),
     ("NVIDIA B200", "B200", 8000), ("Quadro RTX 8000", "Quadro RTX 8000", 672),
+    # older desktop CPUs; an Intel F part (no integrated GPU) is the same CPU as its sibling
+    ("Intel(R) Core(TM) i7-8700 CPU @ 3.20GHz", "Core i7-8700", 42.7),
+    ("Intel(R) Core(TM) i7-8700K CPU @ 3.70GHz", "Core i7-8700K", 42.7),
+    ("Intel(R) Core(TM) i5-10400F CPU @ 2.90GHz", "Core i5-10400", 42.7),
+    ("13th Gen Intel(R) Core(TM) i9-13900KF", "Core i9-13900K", 90),
+    ("AMD Ryzen 5 3600 6-Core Processor", "Ryzen 5 3600", 51.2),
+    ("AMD Ryzen 7 5700G with Radeon Graphics", "Ryzen 7 5700G", 51.2),
 ])
 def test_catalog_tells_variants_apart(name: str, entry: str, bw: float) -> None:
     """A variant token (Ti, SUPER, GRE, XT, laptop, SXM/PCIe) must agree, so a name is never

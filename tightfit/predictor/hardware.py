@@ -244,6 +244,20 @@ CATALOG: tuple[DeviceSpec, ...] = (
     _c("Core Ultra 9 285K", 64, 102, 24, 90),
     _c("Xeon Gold 6248R", 192, 141, 24, 140, 16), _c("Ampere Altra", 256, 204, 80, 48, 4),
     _c("Ampere Altra Max", 256, 204, 128, 45, 4),
+    # older desktop and laptop CPUs still common for CPU-only llama.cpp (DDR4 at the platform's
+    # rated speed, dual channel; AVX2 at ~32 FP32 FLOP a cycle and the all-core clock, less
+    # for the sustained rate as above; Rocket Lake's and Tiger Lake's AVX-512 width 16)
+    _c("Core i5-8400", 16, 42.7, 6, 100), _c("Core i7-8700", 16, 42.7, 6, 120),
+    _c("Core i7-8700K", 16, 42.7, 6, 130), _c("Core i7-9700K", 32, 42.7, 8, 130),
+    _c("Core i9-9900K", 32, 42.7, 8, 135), _c("Core i5-10400", 16, 42.7, 6, 115),
+    _c("Core i7-10700K", 32, 46.9, 8, 135), _c("Core i9-10900K", 64, 46.9, 10, 135),
+    _c("Core i5-11400", 16, 51.2, 6, 130, 16), _c("Core i7-11700K", 32, 51.2, 8, 145, 16),
+    _c("Core i7-1185G7", 16, 68, 4, 100, 16),
+    _c("Ryzen 5 3600", 16, 51.2, 6, 115), _c("Ryzen 7 3700X", 32, 51.2, 8, 115),
+    _c("Ryzen 9 3900X", 64, 51.2, 12, 115), _c("Ryzen 9 3950X", 64, 51.2, 16, 110),
+    _c("Ryzen 5 5600G", 16, 51.2, 6, 125), _c("Ryzen 7 5700G", 32, 51.2, 8, 125),
+    _c("Ryzen 7 5700X", 32, 51.2, 8, 125), _c("Ryzen 7 5800H", 16, 51.2, 8, 115),
+    _c("Ryzen 7 6800H", 16, 76.8, 8, 120),
     # DESIGN.md's reference machine, given by its measured copy rate (22 GB/s)
     measured_cpu("Generic 2-core cloud VM (AVX2)", 24, 22, 116, 2),
 )
@@ -302,6 +316,8 @@ def _tokens(norm: str) -> list[str]:
     PCIe generations read as the form factor, and "mobile" as "laptop"."""
     toks = re.sub(r"\b(\d{1,4}) gb\b", r"\1gb", norm).split()
     toks = [re.sub(r"^(sxm|pcie)\d*$", r"\1", t) for t in toks]
+    # an Intel Core's F suffix (no integrated GPU: "10400F", "13900KF") is the same CPU
+    toks = [re.sub(r"^(\d{4,5}k?)f$", r"\1", t) for t in toks]
     return ["laptop" if t == "mobile" else t for t in toks]
 
 
