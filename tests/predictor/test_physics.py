@@ -553,6 +553,30 @@ def test_offloaded_row_says_what_is_on_the_host_and_which_field_decides_fits(row
     assert any("streams them over the host link every step" in n for n in out["notes"])
 
 
+def test_tightfit_cpu_decode_reads_the_window_its_cache_does_not_drop(row) -> None:
+    """tightfit's paged cache keeps every position, but its fused CPU decode attention starts a
+    sliding-window layer's row at len - window (engine/kernels/decode.cpp): Gemma 3 270M at a
+    1,536-token prompt holds all of it on 18 layers and reads 512 positions on 15 of them."""
+    row["hardware"] = {"name": "Ryzen 9 7950X"}
+    row["model"] = {"name": "gemma-3-270m-it"}
+    row["engine"], row["quant"] = "tightfit", "int4-g64"
+    row["workload"] = {"prompt_tokens": 1536, "gen_tokens": 128}
+    s = parse_row(row)
+    tf = engines.profile("tightfit", "cpu", s.quant)
+    ctx = 1536 + 64
+    assert memory.kv_tokens(s, tf, ctx) == ctx
+    assert memory.kv_tokens_read(s, tf, ctx) == pytest.approx((3 * ctx + 15 * 512) / 18)
+    per_token = memory.kv_bytes_per_token(s, tf)
+    b = roofline.analyse(s)
+    read = b.bytes_per_step - memory.active_weight_bytes(s, tf)
+    assert read == pytest.approx(per_token * (3 * ctx + 15 * 512) / 18)
+    assert b.memory.kv_bytes == pytest.approx(per_token * (1536 + 128))  # held: all of it
+    # inside the window nothing changes, and engines that read what they hold keep doing so
+    assert memory.kv_tokens_read(s, tf, 400) == 400
+    lcpp = engines.profile("llama.cpp", "cpu", "q4_k_m")
+    assert memory.kv_tokens_read(s, lcpp, ctx) == memory.kv_tokens(s, lcpp, ctx)
+
+
 @pytest.mark.parametrize("quant,file_gb", [("Q8_0", 1.32), ("Q6_K", 1.02), ("Q5_K_M", 0.91),
                                            ("Q5_K_S", 0.89), ("Q4_K_M", 0.81), ("Q4_K_S", 0.78)])
 def test_preset_weights_match_published_file_sizes(row, quant: str, file_gb: float) -> None:

@@ -48,6 +48,10 @@ class EngineProfile:
     # K/V a sliding-window layer keeps: None = the whole context (no window cache); else the
     # window plus this many tokens (llama.cpp: one prompt call, n_ubatch; HF: none)
     kv_window_extra: int | None = None
+    # a decode step reads only the window's K/V on a sliding-window layer even where the cache
+    # holds every position (tightfit's fused CPU decode attention: decode.cpp starts each
+    # row at max(0, len - window))
+    decode_reads_window: bool = False
     # a prompt call's attention scores (heads x positions a token) held in the compute buffer;
     # none with flash attention, which llama.cpp turns on by default where the backend has it
     score_buffer: bool = True
@@ -245,6 +249,6 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
     if cpu:
         return EngineProfile(0.6 * COPY_OF_PEAK, 0.4, 0.3, 5e-4, 3e-5, 0.03, 242, 0, False,
                              "stream", tokenizer_bytes_per_token=315, load_transient_mb=40,
-                             load_transient_share=0.25, **_TIGHTFIT)
+                             load_transient_share=0.25, decode_reads_window=True, **_TIGHTFIT)
     return EngineProfile(0.6, 0.45, 0.4, 2e-3, 2e-4, 0.03, 450, 400, False, "stream",
                          **_TIGHTFIT)

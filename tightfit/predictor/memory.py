@@ -224,6 +224,17 @@ def kv_tokens(s: Scenario, prof: EngineProfile, ctx: float) -> float:
     return ((attn - local) * ctx + local * kept) / m.n_layers
 
 
+def kv_tokens_read(s: Scenario, prof: EngineProfile, ctx: float) -> float:
+    """Context positions a decode step reads, averaged over the layers: those held
+    (`kv_tokens`), or, for an engine whose decode attention reads only the window on a
+    sliding-window layer (`decode_reads_window`), the window there however many are held."""
+    m = s.model
+    local = m.window_layers
+    if not prof.decode_reads_window or local == 0:
+        return kv_tokens(s, prof, ctx)
+    return ((m.kv_layers - local) * ctx + local * min(ctx, m.sliding_window)) / m.n_layers
+
+
 def kv_bytes(s: Scenario, prof: EngineProfile, ctx: float) -> float:
     """K/V bytes held for `ctx` tokens of each sequence in the batch."""
     return kv_bytes_per_token(s, prof) * kv_tokens(s, prof, ctx) * s.workload.batch

@@ -94,7 +94,8 @@ def parse_row(row: Any) -> Scenario:
                      " linear layers as stored, embedding and head in the compute dtype; its"
                      " speed with them is not measured here and is taken as with float weights")
         widen *= 1.5
-    notes += _kv_notes(model, prof.kv_window_extra, workload.context_tokens)
+    notes += _kv_notes(model, prof.kv_window_extra, workload.context_tokens,
+                       prof.decode_reads_window)
     if embed_bits is not None:
         notes.append(f"token embedding and output head at {embed_bits:g} bits (the format's "
                      "tag), the rest as the preset stores it")
@@ -115,7 +116,8 @@ def stored_bits(quant: str, model: ModelSpec) -> float:
     return formats.bits_for_shape(quant, bits, share)
 
 
-def _kv_notes(m: ModelSpec, window_extra: int | None, context: int) -> list[str]:
+def _kv_notes(m: ModelSpec, window_extra: int | None, context: int,
+              reads_window: bool = False) -> list[str]:
     """Say when a model's attention pattern changes the K/V counted (memory.kv_tokens)."""
     notes = []
     if m.kv_layers < m.n_layers:
@@ -127,7 +129,8 @@ def _kv_notes(m: ModelSpec, window_extra: int | None, context: int) -> list[str]
     if local > 0 and context > m.sliding_window:
         if window_extra is None:
             notes.append(f"this engine keeps every position's K/V on the {local} layers that "
-                         f"attend to a {m.sliding_window}-token window")
+                         f"attend to a {m.sliding_window}-token window" + (
+                             " (its decode step reads only the window)" if reads_window else ""))
         else:
             notes.append(f"K/V of {local} of {m.n_layers} layers held for a "
                          f"{m.sliding_window}-token window (+{window_extra} cells), not the "
