@@ -565,16 +565,16 @@ def test_tightfit_cpu_decode_reads_the_window_its_cache_does_not_drop(row) -> No
     tf = engines.profile("tightfit", "cpu", s.quant)
     ctx = 1536 + 64
     assert memory.kv_tokens(s, tf, ctx) == ctx
-    assert memory.kv_tokens_read(s, tf, ctx) == pytest.approx((3 * ctx + 15 * 512) / 18)
+    assert memory.kv_tokens(s, tf, ctx, read=True) == pytest.approx((3 * ctx + 15 * 512) / 18)
     per_token = memory.kv_bytes_per_token(s, tf)
     b = roofline.analyse(s)
     read = b.bytes_per_step - memory.active_weight_bytes(s, tf)
     assert read == pytest.approx(per_token * (3 * ctx + 15 * 512) / 18)
     assert b.memory.kv_bytes == pytest.approx(per_token * (1536 + 128))  # held: all of it
     # inside the window nothing changes, and engines that read what they hold keep doing so
-    assert memory.kv_tokens_read(s, tf, 400) == 400
+    assert memory.kv_tokens(s, tf, 400, read=True) == 400
     lcpp = engines.profile("llama.cpp", "cpu", "q4_k_m")
-    assert memory.kv_tokens_read(s, lcpp, ctx) == memory.kv_tokens(s, lcpp, ctx)
+    assert memory.kv_tokens(s, lcpp, ctx, read=True) == memory.kv_tokens(s, lcpp, ctx)
 
 
 @pytest.mark.parametrize("quant,file_gb", [("Q8_0", 1.32), ("Q6_K", 1.02), ("Q5_K_M", 0.91),

@@ -211,33 +211,28 @@ def active_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
     return (streamed_weight_bytes(s, prof) - lookup_only_bytes(s, prof)) * active / m.params_b
 
 
-def kv_tokens(s: Scenario, prof: EngineProfile, ctx: float) -> float:
-    """Context positions of K/V held (and read by a decode step), averaged over the layers, for
-    `ctx` tokens: a hybrid's non-attention layers hold none (`attention_layers`), a
-    sliding-window layer keeps its window plus the engine's extra (`kv_window_extra`) where
-    the engine has a window cache, every other layer the whole context."""
+def kv_tokens(s: Scenario, prof: EngineProfile, ctx: float, read: bool = False) -> float:
+    """Context positions of K/V held, averaged over the layers, for `ctx` tokens: a hybrid's
+    non-attention layers hold none (`attention_layers`), a sliding-window layer keeps its window
+    plus the engine's extra (`kv_window_extra`) where the engine has a window cache, every
+    other layer the whole context. `read`: the positions a decode step reads instead, which
+    differ where the engine's decode attention reads only the window on a sliding-window layer
+    however many are held (`decode_reads_window`)."""
     m = s.model
     attn, local = m.kv_layers, m.window_layers
-    if prof.kv_window_extra is None or local == 0:
+    if local > 0 and read and prof.decode_reads_window:
+        kept = min(ctx, m.sliding_window)
+    elif local > 0 and prof.kv_window_extra is not None:
+        kept = min(ctx, m.sliding_window + prof.kv_window_extra)
+    else:
         return ctx * attn / m.n_layers
-    kept = min(ctx, m.sliding_window + prof.kv_window_extra)
     return ((attn - local) * ctx + local * kept) / m.n_layers
 
 
-def kv_tokens_read(s: Scenario, prof: EngineProfile, ctx: float) -> float:
-    """Context positions a decode step reads, averaged over the layers: those held
-    (`kv_tokens`), or, for an engine whose decode attention reads only the window on a
-    sliding-window layer (`decode_reads_window`), the window there however many are held."""
-    m = s.model
-    local = m.window_layers
-    if not prof.decode_reads_window or local == 0:
-        return kv_tokens(s, prof, ctx)
-    return ((m.kv_layers - local) * ctx + local * min(ctx, m.sliding_window)) / m.n_layers
-
-
-def kv_bytes(s: Scenario, prof: EngineProfile, ctx: float) -> float:
-    """K/V bytes held for `ctx` tokens of each sequence in the batch."""
-    return kv_bytes_per_token(s, prof) * kv_tokens(s, prof, ctx) * s.workload.batch
+def kv_bytes(s: Scenario, prof: EngineProfile, ctx: float, read: bool = False) -> float:
+    """K/V bytes held (or, `read`, read by a decode step: `kv_tokens`) for `ctx` tokens of each
+    sequence in the batch."""
+    return kv_bytes_per_token(s, prof) * kv_tokens(s, prof, ctx, read) * s.workload.batch
 
 
 def state_bytes(s: Scenario) -> float:

@@ -132,15 +132,14 @@ def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple
     m, w, d = s.model, s.workload, s.device
     ctx = w.prompt_tokens + w.gen_tokens / 2
     # K/V read, and a hybrid's recurrent state read and written back
-    kv_read = (memory.kv_bytes_per_token(s, prof) * memory.kv_tokens_read(s, prof, ctx)
-               * w.batch + 2 * mem.state_bytes)
+    kv_read = memory.kv_bytes(s, prof, ctx, read=True) + 2 * mem.state_bytes
     weights = memory.active_weight_bytes(s, prof)
     step_bytes = weights + kv_read
     # the bytes as the engine's time sees them: an MoE's experts stream at moe_bw_rel
     timed_bytes = weights / (prof.moe_bw_rel if m.is_moe else 1.0) + kv_read
     # attention over the positions read (a sliding-window layer's window where the engine
-    # holds or reads only that: memory.kv_tokens_read)
-    keys = memory.kv_tokens_read(s, prof, ctx)
+    # holds or reads only that: memory.kv_tokens)
+    keys = memory.kv_tokens(s, prof, ctx, read=True)
     attn_flops = w.batch * 4.0 * m.n_layers * keys * m.n_heads * m.head_dim
     # every parameter a token meets is a multiply-add, but for an untied embedding's lookup
     flops = w.batch * 2 * (m.active_params_b * 1e9 - memory.lookup_only_params(s)) + attn_flops
