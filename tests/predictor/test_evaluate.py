@@ -150,3 +150,54 @@ def test_an_own_run_is_described_by_its_probe_where_it_has_one() -> None:
     assert streamed.kernel_stream_share == pytest.approx(9.0 / 27.0, abs=1e-3)
     assert xeon2.kernel_stream_share == 0.34
     assert xeon2.stream_rel == pytest.approx(0.34 / KERNEL_STREAM_SHARE_OF_COPY)
+
+
+def test_a_sittings_runs_share_the_medians_of_their_probes(tmp_path) -> None:
+    """The kernel, copy and streaming probes describe a machine by their median over the
+    sitting (one machine, thread count, sweep and day; contended runs left out); the GEMM
+    probe stays each run's own. Real rows of data/measurements/repeat-epyc.jsonl."""
+    import json
+    from pathlib import Path
+
+    from tightfit.data import read_measurements
+
+    src = Path(__file__).resolve().parents[2] / "data" / "measurements" / "repeat-epyc.jsonl"
+    rows = [json.loads(line) for line in src.read_text().splitlines() if line.strip()]
+    two = [r for r in rows if r["config"]["threads"] == 2
+           and r["config"]["backend"] == "tightfit-lite"][:3]
+    assert len(two) == 3
+    streams = [r["hardware"]["probe_kernel_stream_gbps"] for r in two]
+    spreads = [r["hardware"]["probe_bandwidth_threads_gbps"] for r in two]
+    two[0]["hardware"]["probe_kernel_stream_gbps"] *= 3.0  # one run's probe far off
+    two[0]["hardware"]["probe_matmul_gflops"] = 50.0
+    busy = json.loads(json.dumps(two[1]))  # a contended run: its probes do not count
+    busy["id"], busy["contended"] = "busy", True
+    busy["hardware"]["probe_kernel_stream_gbps"] = 1000.0
+    later = json.loads(json.dumps(two[2]))  # another day: a sitting of its own
+    later["id"], later["created_at"] = "later", "2026-12-09T10:00:00Z"
+    later["hardware"]["probe_kernel_stream_gbps"] = 10.0
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in two + [busy, later]))
+
+    measurements = read_measurements([str(path)]).measurements
+    sittings = datasets.sitting_probes(measurements)
+    assert len(sittings) == 2
+    first = next(v for k, v in sittings.items() if k[3] == "2026-12-06")
+    stream = sorted([streams[0] * 3.0, streams[1], streams[2]])[1]
+    assert first["probe_kernel_stream_gbps"] == pytest.approx(stream)
+    assert next(v for k, v in sittings.items() if k[3] == "2026-12-09") == {
+        **{f: later["hardware"][f] for f in datasets.SITTING_PROBES},
+        "probe_kernel_stream_gbps": 10.0}
+    assert "probe_matmul_gflops" not in first  # each run keeps its own GEMM probe
+
+    share = round(stream / sorted(spreads)[1], 3)
+    obs, dropped = datasets.load_own([path])
+    assert dropped["contended machine (load from other processes)"] == 1
+    devices = {o.scenario.id: o.scenario.device for o in obs if o.metric == "decode_tok_s"}
+    assert {d.kernel_stream_share for d in devices.values()} == {share}
+    assert devices[f"tightfit-{two[0]['id']}"].fp16_tflops == pytest.approx(0.050)
+    # described by its own probes, the run with the far-off probe would stand apart
+    alone = datasets.own_device(measurements[0].hardware)
+    assert alone.kernel_stream_share == pytest.approx(
+        round(streams[0] * 3.0 / spreads[0], 3), abs=1e-3)
+    assert alone.kernel_stream_share > 2 * share
