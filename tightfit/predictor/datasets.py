@@ -288,9 +288,13 @@ KERNEL_SHARE_MEASURED = {"77bd40e2fee6": 0.51, "e52b7ed21aa3": 0.24}
 #   Intel Xeon VM e52b7ed21aa3, two threads: `fingerprint.measure_bandwidth_gbps` with 1 and 2
 #     threads, 8 rounds alternating (2026-12-06 11:17 UTC): 20.7 and 38.0 GB/s, median 1.84
 #     (1.74-1.94).
-#   The AMD EPYC VM was not measured so: its one-thread copy stands for both thread counts (its
-#     memory-bound rows, tightfit fp32 and HF, ran no faster at two threads than at one).
-COPY_THREADS_MEASURED = {("e52b7ed21aa3", 2): 1.84}
+#   AMD EPYC VM 77bd40e2fee6, two threads: the bench's two copy probes around each of 51
+#     two-thread runs (data/measurements/repeat-epyc.jsonl, 2026-12-06 21:00-21:18 UTC), median
+#     1.06 (0.94-1.38). Until then its one-thread copy stood for both (its memory-bound rows,
+#     tightfit fp32 and HF, ran no faster at two threads than at one); with 1.06, held out by
+#     device, own decode 10.7% -> 10.5% (EPYC x2 11.5% -> 11.3%), by machine 13.2% -> 12.9%,
+#     prefill and TTFT unchanged (docs/predictor.md, "The same machine on another day").
+COPY_THREADS_MEASURED = {("e52b7ed21aa3", 2): 1.84, ("77bd40e2fee6", 2): 1.06}
 # Machines whose rows predate the streaming probe (schema < 7): the kernel's streaming rate as a
 # share of a copy on the same threads (fingerprint.measure_kernel_stream_gbps over
 # measure_bandwidth_gbps), the same at one thread and at two where both were measured.
