@@ -322,8 +322,9 @@ def own_device(hw: Any, probes: dict[str, float] | None = None) -> DeviceSpec:
     the row's probe (schema 5 on), else its machine's measured share of the GEMM rate
     (KERNEL_SHARE_MEASURED), else none (the priors' share). The kernel's streaming rate, as a
     share of the copy on the run's threads: the row's two probes (schema 7 on), else
-    STREAM_SHARE_MEASURED, else none. `probes` (sitting_probes: the medians over the run's
-    sitting) stand in for the row's own probes where given."""
+    STREAM_SHARE_MEASURED, else none. `probes` (sitting_probes: the medians of the copy,
+    kernel and streaming probes over the run's sitting) stand in for the row's own where given;
+    the GEMM probe stays the row's."""
     if probes:
         hw = SimpleNamespace(**{**vars(hw), **probes})
     cores = hw.threads_used or hw.cpu_cores_physical or 1
