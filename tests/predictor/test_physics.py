@@ -767,3 +767,45 @@ def test_tightfit_int8_decode_gets_less_of_a_second_thread_on_small_matrices() -
     small = roofline.analyse(parse_row(row)).decode.comp_s
     row["hardware"]["cpu_cores"] = 1  # same rate, one thread: nothing to lose
     assert roofline.analyse(parse_row(row)).decode.comp_s == pytest.approx(small * (1 + eff) / 2)
+
+
+def test_a_looped_transformer_reads_its_layers_once_a_pass(row) -> None:
+    """Nanbeige4.2-3B runs its stored layers twice a token, each pass with K/V of its own: its
+    decode reads the layers' weights twice and the head once, holds K/V for twice the layers,
+    and stores its weights once. Given by hand, `layer_loops` does the same to any shape."""
+    from tightfit.predictor import predict
+    from tightfit.predictor.scenario import RowError
+    row["hardware"] = {"name": "RTX 4090"}
+    row["quant"] = "Q4_K_M"
+    shape = {"params_b": 3.0, "n_layers": 22, "hidden_size": 2560, "n_heads": 20,
+             "n_kv_heads": 4, "vocab_size": 166144, "intermediate_size": 10496}
+    once = parse_row({**row, "model": {"name": "plain-3b", **shape}})
+    twice = parse_row({**row, "model": {"name": "looped-3b", **shape, "layer_loops": 2}})
+    assert (once.model.n_layers, twice.model.n_layers, twice.model.layer_loops) == (22, 44, 2)
+    prof = engines.profile("llama.cpp", once.device.device_class, once.quant)
+    # weights stored once, K/V for 44 layers
+    assert memory.weight_bytes(twice, prof) == memory.weight_bytes(once, prof)
+    assert memory.kv_bytes_per_token(twice, prof) == 2 * memory.kv_bytes_per_token(once, prof)
+    # the head (2560 x 166144, 14% of the parameters: taken as tied to the embedding) read
+    # once, the layers twice
+    head = 2560 * 166144
+    layers = 3.0e9 - head
+    factor = (2 * layers + head) / (layers + head)
+    assert memory.loop_read_factor(twice) == pytest.approx(factor)
+    assert memory.active_weight_bytes(twice, prof) == pytest.approx(
+        factor * memory.active_weight_bytes(once, prof))
+    a, b = roofline.analyse(once), roofline.analyse(twice)
+    assert b.decode.mem_s == pytest.approx(factor * a.decode.mem_s, rel=0.02)
+    assert b.decode.overhead_s > a.decode.overhead_s
+    assert b.prefill_flops > 1.8 * a.prefill_flops
+    p_once, p_twice = predict([{**row, "model": {"name": "plain-3b", **shape}},
+                               {**row, "model": {"name": "looped-3b", **shape, "layer_loops": 2}}])
+    assert p_twice["decode_tok_s"] < 0.6 * p_once["decode_tok_s"]
+    assert any("22 stored layers run 2 times a token" in n for n in p_twice["notes"])
+    # by name: the family's two passes over a size-estimated shape
+    named = parse_row({**row, "model": {"name": "Nanbeige_Nanbeige4.2-3B-Q4_K_M.gguf"}}).model
+    assert named.layer_loops == 2 and named.n_layers % 2 == 0
+    plain = parse_row({**row, "model": {"name": "Nanbeige4.1-3B-Q4_K_M.gguf"}}).model
+    assert plain.layer_loops == 1
+    with pytest.raises(RowError, match="model.layer_loops"):
+        parse_row({**row, "model": {"name": "looped-3b", **shape, "layer_loops": 1.5}})

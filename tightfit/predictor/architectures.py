@@ -41,6 +41,10 @@ class ModelSpec:
     # ... of this many bytes a sequence in each such layer (llama.cpp holds it in f32, one per
     # sequence slot; 0: not counted, as for LFM2's ~16 KB convolution caches)
     state_bytes_per_layer: float = 0.0
+    # looped transformers (Nanbeige4.2): every token runs the stored layers this many times,
+    # each pass with K/V of its own. `n_layers` counts the layers a token passes through
+    # (stored layers x loops); the weights are stored once and read once a pass.
+    layer_loops: int = 1
 
     @property
     def kv_layers(self) -> int:
@@ -290,6 +294,11 @@ _HYBRID_FAMILIES = (("qwen3.5", 4, lambda h: gated_deltanet_state(32)),
                     ("granite-4.0-h", 10, lambda h: mamba_state(h, 128)),
                     ("jamba", 8, lambda h: mamba_state(h, 16, mamba2=False)),
                     ("kimi-linear", 4, lambda h: gated_deltanet_state(32)))
+# Looped transformers: (name fragment, passes a token makes through the stored layers).
+# Nanbeige4.2-3B reuses its 22 stored layers twice (num_loops 2, 44 layers deep, K/V kept for
+# all 44: the public llama.cpp port's release notes; its model code aliases logical layer
+# i + j x 22 to stored layer i).
+_LOOPED_FAMILIES = (("nanbeige4.2", 2),)
 # Later versions that keep an earlier family's shapes at the same sizes (LFM2.5 = LFM2's).
 _SAME_SHAPES = {"lfm2.5": "lfm2"}
 # Whole names (after clean_name) that name a table entry without its size.
@@ -378,6 +387,9 @@ def lookup(name: str) -> ModelSpec | None:
         # 248,320-entry vocabulary.
         spec = replace(spec, head_dim=256, n_kv_heads=min(spec.n_kv_heads, 4),
                        vocab_size=248320 if "qwen3.5" in s else spec.vocab_size)
+    for family, loops in _LOOPED_FAMILIES:
+        if family in s:  # the size estimate's layers are the stored ones
+            spec = replace(spec, n_layers=spec.n_layers * loops, layer_loops=loops)
     eff = _EFFECTIVE.search(s)
     if eff:  # of the 1.7x, ~1.25x is streamed (Gemma 3n / 4: 1.14x-1.37x), the rest looked up
         spec = replace(spec, per_layer_embed_params_b=0.45 * float(eff.group(1)))

@@ -202,13 +202,27 @@ def lookup_only_bytes(s: Scenario, prof: EngineProfile) -> float:
     return (untied + per_layer_embed_params(s) * ple_bits) / 8
 
 
+def loop_read_factor(s: Scenario) -> float:
+    """How many times a forward pass reads the weights it multiplies, against once: a looped
+    transformer (`ModelSpec.layer_loops`) runs its stored layers that many times a token and
+    its output head once; 1 for every other model."""
+    m = s.model
+    if m.layer_loops <= 1:
+        return 1.0
+    head = embedding_params(s)
+    layers = max(m.params_b * 1e9 - lookup_only_params(s) - head, 0.0)
+    return (layers * m.layer_loops + head) / (layers + head) if layers + head > 0 else 1.0
+
+
 def active_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
-    """Weight bytes streamed in one decode step (MoE: the experts the batch touches); an untied
-    token embedding and per-layer embeddings are not streamed (`lookup_only_bytes`)."""
+    """Weight bytes streamed in one decode step (MoE: the experts the batch touches; a looped
+    model's layers once a pass, `loop_read_factor`); an untied token embedding and per-layer
+    embeddings are not streamed (`lookup_only_bytes`)."""
     m = s.model
     b = s.workload.batch
     active = min(m.params_b, m.active_params_b * (1 + 0.5 * (b - 1))) if m.is_moe else m.params_b
-    return (streamed_weight_bytes(s, prof) - lookup_only_bytes(s, prof)) * active / m.params_b
+    return ((streamed_weight_bytes(s, prof) - lookup_only_bytes(s, prof)) * active / m.params_b
+            * loop_read_factor(s))
 
 
 def kv_tokens(s: Scenario, prof: EngineProfile, ctx: float, read: bool = False) -> float:

@@ -142,7 +142,9 @@ def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple
     keys = memory.kv_tokens(s, prof, ctx, read=True)
     attn_flops = w.batch * 4.0 * m.n_layers * keys * m.n_heads * m.head_dim
     # every parameter a token meets is a multiply-add, but for an untied embedding's lookup
-    flops = w.batch * 2 * (m.active_params_b * 1e9 - memory.lookup_only_params(s)) + attn_flops
+    # (a looped model's layers once a pass: memory.loop_read_factor)
+    flops = w.batch * 2 * (m.active_params_b * 1e9 - memory.lookup_only_params(s)) * \
+        memory.loop_read_factor(s) + attn_flops
     f = mem.device_fraction
     # what more threads add, to the copy rate and to the matrix rate, less the share an
     # engine's products do not get (thread_efficiency: tightfit's int8 on small matrices)
@@ -193,7 +195,7 @@ def prefill_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tupl
     # and HF's generate all ask for the last token's logits), and an untied embedding is only
     # looked up: in Gemma 3 270M the head is 63% of the parameters.
     head = memory.embedding_params(s)
-    body = max(m.active_params_b * 1e9 - head - memory.lookup_only_params(s), 0.0)
+    body = max(m.active_params_b * 1e9 - head - memory.lookup_only_params(s), 0.0) * m.layer_loops
     # causal attention: p/2 keys a query on average; fewer on a windowed layer where the prompt
     # runs in calls against a window cache (llama.cpp: memory.kv_tokens), not where it runs in
     # one masked call (HF)
@@ -204,7 +206,8 @@ def prefill_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tupl
     # weights once; the torch engine's chunks are counted in its efficiency instead
     ubatches = math.ceil(p / prof.prompt_chunk) if prof.chunk_reads_weights else 1
     weights = memory.weight_bytes(s, prof)
-    streamed = memory.streamed_weight_bytes(s, prof) - memory.lookup_only_bytes(s, prof)
+    streamed = (memory.streamed_weight_bytes(s, prof) - memory.lookup_only_bytes(s, prof)) * \
+        memory.loop_read_factor(s)
     mem_s = mem.device_fraction * streamed * ubatches / (
         d.bandwidth_gbps * d.threads_bandwidth_gain * 1e9 * prof.bw_eff * stream_scale(s))
     comp_s = flops / (d.fp16_tflops * 1e12 * prof.comp_eff * kernel_scale(s, "prefill"))

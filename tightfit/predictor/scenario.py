@@ -284,6 +284,15 @@ def _model(m: dict[str, Any]) -> tuple[ModelSpec, float, list[str]]:
     state = _number(m, "state_mb_per_layer", "model", 0, 65536)
     if state is not None:  # MiB a sequence in each non-attention layer of a hybrid
         updates["state_bytes_per_layer"] = state * 2**20
+    # a looped transformer: `n_layers` as its config counts them (stored), run `layer_loops`
+    # times a token; the spec counts the layers a token passes through
+    loops = _number(m, "layer_loops", "model", 0, 16)
+    if loops is not None and loops != int(loops):
+        raise RowError("model.layer_loops", f"expected a whole number of passes, got {loops!r}")
+    if loops is not None or "n_layers" in updates:
+        passes = int(loops) if loops is not None else spec.layer_loops
+        stored = updates.get("n_layers", spec.n_layers // spec.layer_loops)
+        updates["n_layers"], updates["layer_loops"] = stored * passes, passes
     if "hidden_size" in updates and "n_heads" in updates and "head_dim" not in updates:
         updates["head_dim"] = updates["hidden_size"] // updates["n_heads"]
     known = spec.shape_known or {"n_layers", "hidden_size"} <= set(updates)
@@ -295,6 +304,10 @@ def _model(m: dict[str, Any]) -> tuple[ModelSpec, float, list[str]]:
             raise RowError(f"model.{field}",
                            f"{getattr(spec, field)} exceeds n_layers {spec.n_layers}")
     notes = [] if known else ["model shape estimated from its size"]
+    if spec.layer_loops > 1:
+        notes.append(f"a looped transformer: its {spec.n_layers // spec.layer_loops} stored layers "
+                     f"run {spec.layer_loops} times a token (their weights read once a pass, "
+                     f"K/V for {spec.n_layers} layers)")
     return spec, 1.0 if known else 1.15, notes
 
 
