@@ -73,7 +73,20 @@ def test_lfm2_5_files_take_the_lfm2_shapes() -> None:
     assert (m.params_b, m.n_layers, m.vocab_size, m.ties_embeddings) == (1.17, 16, 65536, True)
     assert architectures.lookup("LFM2.5-350M-Q4_K_M.gguf").hidden_size == 1024
     assert architectures.lookup("LFM2.5-2.6B-Q4_K_M.gguf").ties_embeddings
-    assert not architectures.lookup("LFM2.5-Audio-1.5B-Q4_K_M.gguf").shape_known  # no such size
+
+
+def test_a_multimodal_gguf_is_its_language_model() -> None:
+    """The audio / vision towers a multimodal model's name counts live in its projector file:
+    the GGUF decode reads is the language model (LFM2.5-Audio-1.5B: the 1.2B backbone;
+    Qwen3-VL / Qwen3-Omni: the Qwen3 model of that size)."""
+    audio = architectures.lookup("LFM2.5-Audio-1.5B-JP-Q4_0.gguf")
+    assert (audio.params_b, audio.n_layers, audio.kv_layers) == (1.17, 16, 6)
+    omni = architectures.lookup("Qwen3-Omni-30B-A3B-Instruct-Q4_K_M.gguf")
+    assert omni.is_moe and (omni.params_b, omni.active_params_b, omni.n_layers) == (30.5, 3.3, 48)
+    vl = architectures.lookup("Qwen3VL-2B-Instruct-Q4_K_M.gguf")
+    assert (vl.params_b, vl.n_layers, vl.hidden_size) == (1.72, 28, 2048)
+    assert architectures.lookup("Qwen3-VL-8B-Instruct-Q4_K_M.gguf").hidden_size == 4096
+    assert architectures.lookup("Qwen3-VL-235B-A22B-Instruct").active_params_b == 22.2
 
 
 def test_qwen3_5_is_not_read_as_qwen3() -> None:

@@ -279,6 +279,18 @@ _FAMILY_HINTS: list[tuple[str, str]] = [
     ("gemma3n:e2b", "gemma-3n-e2b"), ("gemma4:e4b", "gemma-4-e4b"), ("gemma4:e2b", "gemma-4-e2b"),
     ("phi4-mini", "phi-4-mini"), ("phi4:", "phi-4"),
     ("phi3:mini", "phi-3-mini"), ("phi3.5", "phi-3.5-mini"), ("phi3:medium", "phi-3-medium"),
+    # A multimodal model's GGUF holds its language model; the audio / vision towers its name's
+    # size counts go in a projector file (llama.cpp's mmproj) that decode never reads.
+    # LFM2 / LFM2.5-Audio-1.5B: "Parameters (LM only) 1.2B" on an LFM2(.5)-1.2B backbone, a
+    # 115M FastConformer encoder and an audio detokenizer (model cards). Qwen3-VL and
+    # Qwen3-Omni's thinker: the Qwen3 language model of that size (Qwen3-VL-2B's is Qwen3-1.7B's
+    # shape: 28 x 2048, 16 / 8 heads, tied).
+    ("lfm2-audio-1.5b", "lfm2-1.2b"), ("lfm2.5-audio-1.5b", "lfm2-1.2b"),
+    ("qwen3-omni-30b-a3b", "qwen3-30b-a3b"), ("qwen3-vl-30b-a3b", "qwen3-30b-a3b"),
+    ("qwen3-vl-2b", "qwen3-1.7b"), ("qwen3vl-2b", "qwen3-1.7b"), ("qwen3-vl-4b", "qwen3-4b"),
+    ("qwen3vl-4b", "qwen3-4b"), ("qwen3-vl-8b", "qwen3-8b"), ("qwen3vl-8b", "qwen3-8b"),
+    ("qwen3-vl-32b", "qwen3-32b"), ("qwen3vl-32b", "qwen3-32b"),
+    ("qwen3-vl-235b-a22b", "qwen3-235b-a22b"),
 ]
 # Hybrid families not in the table at every size, and how many layers make one attention layer
 # in their published designs (the rest carry a recurrent state): Qwen3.5 and Qwen3-Next 1 in 4
