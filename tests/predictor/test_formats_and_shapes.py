@@ -73,6 +73,9 @@ def test_lfm2_5_files_take_the_lfm2_shapes() -> None:
     assert (m.params_b, m.n_layers, m.vocab_size, m.ties_embeddings) == (1.17, 16, 65536, True)
     assert architectures.lookup("LFM2.5-350M-Q4_K_M.gguf").hidden_size == 1024
     assert architectures.lookup("LFM2.5-2.6B-Q4_K_M.gguf").ties_embeddings
+    # ... its mixture of experts too (matched by the whole name, as a mixture is)
+    moe = architectures.lookup("LFM2.5-8B-A1B-UD-Q4_K_XL.gguf")
+    assert (moe.params_b, moe.active_params_b, moe.kv_layers) == (8.3, 1.5, 6)
 
 
 def test_a_multimodal_gguf_is_its_language_model() -> None:

@@ -414,16 +414,16 @@ def _table_key(s: str) -> str | None:
     for frag, key in _FAMILY_HINTS:
         if frag in s:
             return key
-    dashed = s.replace(":", "-")  # ollama: "mixtral:8x7b"
+    named = s
+    for later, same in _SAME_SHAPES.items():
+        named = named.replace(later, same)
+    dashed = named.replace(":", "-")  # ollama: "mixtral:8x7b"
     for key, spec in KNOWN.items():  # a mixture of experts by its whole name ("glm-4.5")
         if spec.is_moe and key in dashed:
             return key
     total, active = parse_sizes(s)
     if total is None:
         return None
-    named = s
-    for later, same in _SAME_SHAPES.items():
-        named = named.replace(later, same)
     for key, spec in KNOWN.items():
         if not spec.is_moe and _family_in(key.rsplit("-", 1)[0], named) and \
                 _size_matches(key, total, active):
