@@ -809,3 +809,48 @@ def test_a_looped_transformer_reads_its_layers_once_a_pass(row) -> None:
     assert plain.layer_loops == 1
     with pytest.raises(RowError, match="model.layer_loops"):
         parse_row({**row, "model": {"name": "looped-3b", **shape, "layer_loops": 1.5}})
+
+
+def test_llama_cpp_puts_a_mixture_s_experts_on_the_host_first(row) -> None:
+    """llama.cpp's `--fit` keeps attention, K/V and the dense parts of a mixture of experts on
+    the GPU and moves routed-expert tensors to host RAM first, so a token reads only the routed
+    experts among those on the host (Qwen3-30B-A3B: ~6%), not a share of whole layers."""
+    from dataclasses import replace as dc_replace
+    row["hardware"] = {"name": "RTX 3060", "host_memory_gb": 64}
+    row["quant"] = "Q4_K_M"
+    row["model"] = {"name": "Qwen3-30B-A3B-Instruct-2507-Q4_K_M.gguf"}
+    s = parse_row(row)
+    prof = engines.profile("llama.cpp", s.device.device_class, s.quant)
+    assert prof.experts_to_host
+    mem = memory.estimate(s, prof)
+    assert 0 < mem.host_expert_bytes == mem.host_bytes
+    experts, read = memory.routed_experts(s)
+    assert experts / 1e9 == pytest.approx(29.0, abs=0.2) and read == pytest.approx(8 / 128, rel=0.05)
+    dec, _, _ = roofline.decode_phase(s, prof, mem)
+    timed = memory.active_weight_bytes(s, prof) / prof.moe_bw_rel + memory.kv_bytes(
+        s, prof, s.workload.prompt_tokens + s.workload.gen_tokens / 2, read=True)
+    host = mem.host_bytes * read / prof.moe_bw_rel
+    assert memory.host_read_share(s, prof, mem, timed) == pytest.approx(host / timed)
+    # whole layers on the host instead (the same bytes there) read ~1.7x more from host RAM
+    layers = dc_replace(prof, experts_to_host=False)
+    mem_layers = memory.estimate(s, layers)
+    assert mem_layers.host_expert_bytes == 0 and mem_layers.host_bytes == mem.host_bytes
+    dec_layers, _, _ = roofline.decode_phase(s, layers, mem_layers)
+    assert dec_layers.offload_s > 1.5 * dec.offload_s
+    from tightfit.predictor import predict
+    notes = predict([row])[0]["notes"]
+    assert any("routed experts held in host RAM" in n for n in notes)
+    # asked for by the row: whole layers (an explicit -ngl turns --fit off)
+    given = parse_row({**row, "workload": {**row["workload"], "moe_offload": "layers"}})
+    assert memory.estimate(given, prof).host_expert_bytes == 0
+    assert predict([{**row, "workload": {**row["workload"], "moe_offload": "layers"}}])[0][
+        "decode_tok_s"] < predict([row])[0]["decode_tok_s"]
+    from tightfit.predictor.scenario import RowError
+    with pytest.raises(RowError, match="workload.moe_offload"):
+        parse_row({**row, "workload": {**row["workload"], "moe_offload": "gpu"}})
+    # a dense model too large for the card goes to the host by whole layers as before
+    row["model"] = {"name": "Qwen2.5-32B-Instruct-Q4_K_M.gguf"}
+    dense = parse_row(row)
+    mem = memory.estimate(dense, prof)
+    assert mem.host_bytes > 0 and mem.host_expert_bytes == 0
+    assert memory.host_read_share(dense, prof, mem, 1e9) == pytest.approx(1 - mem.device_fraction)

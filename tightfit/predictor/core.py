@@ -77,6 +77,10 @@ def _placement_notes(s: Scenario, b: Breakdown) -> tuple[str, ...]:
     prof = engines.profile(s.engine, s.device.device_class, s.quant)
     where = ("runs those layers on the CPU from host RAM" if prof.offload == "layer_split"
              else "streams them over the host link every step")
+    if m.host_expert_bytes > 0:
+        _, read = memory.routed_experts(s)
+        where = ("keeps attention, K/V and the dense parts on the GPU and runs the routed "
+                 f"experts held in host RAM on the CPU, a token reading {100 * read:.0f}% of them")
     share = (f"{100 * (1 - m.device_fraction):.0f}% of the weights and K/V "
              f"({m.host_bytes / GB:.1f} GiB) on the host at a {s.workload.context_tokens}-token "
              f"context ({s.engine} {where})")

@@ -178,10 +178,14 @@ def _llmfit_observation(row: dict[str, str]) -> Observation | None:
     # The table does not say what context the server ran with; taken as the request's (a
     # prompt of <= 64 tokens with its chat template, and the tokens generated). llama.cpp's
     # `--fit` floor for a context left unset, 4096, placed the offloaded rows worse
-    # (docs/predictor.md). The prompt processed: LLMFIT_PROMPT_TOKENS.
+    # (docs/predictor.md). The prompt processed: LLMFIT_PROMPT_TOKENS. Nor does it say how a
+    # mixture of experts too large for the card was placed: taken as whole layers (an explicit
+    # `-ngl`, which turns `--fit` off), which the table's offloaded MoE rows fit better than
+    # llama.cpp's default of experts first (held out by device, llmfit 10.5% vs 10.8%: a
+    # choice made on these rows; docs/predictor.md "A mixture of experts on the host").
     sc = Scenario(f"llmfit-{row['source_file']}-{row['model_file']}", device, model, quant,
                   stored_bits(quant, model), "llama.cpp",
-                  Workload(LLMFIT_PROMPT_TOKENS, gen, 1, 64 + gen),
+                  Workload(LLMFIT_PROMPT_TOKENS, gen, 1, 64 + gen, moe_offload="layers"),
                   embed_bits=formats.embed_bits_from_filename(row["model_file"]))
     return Observation(sc, "decode_tok_s", float(row["avg_decode_tps"]),
                        hardware.normalise_name(row["hardware_name"]), model_key(row["model_file"]),

@@ -58,6 +58,9 @@ class EngineProfile:
     # a CPU thread pool's barriers after a layer's graph nodes: seconds a layer, per thread
     # that meets at them (roofline adds it x the threads the run uses)
     sync_s_per_thread_layer: float = 0.0
+    # a mixture of experts too large for the GPU keeps attention, K/V and the dense parts on
+    # the card and puts routed-expert tensors in host RAM first (llama.cpp's `--fit`)
+    experts_to_host: bool = False
 
 
 def keeps_quantised(prof: EngineProfile, quant: str) -> bool:
@@ -207,8 +210,14 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
         # what it reserves is a call's logits (memory.buffer_bytes): Qwen2.5 32B at a 4096
         # context 311 MB, not 684 MB. (The llmfit table's 32B rows on a 20 GiB RX 7900 XT still
         # come out 1-5% on the host, 3-7% before, where their rates say all was on the card.)
+        # experts_to_host: for a model with experts, `--fit` (common/fit.cpp) first fills the GPU
+        # back to front with "dense-only" layers (attention, norms, router, shared parts) while
+        # every layer's routed-expert tensors stay in system memory, then moves whole layers'
+        # experts onto the GPU while they fit: the host holds experts only, and a token reads
+        # the routed ones of them (Qwen3-30B-A3B: 8 of 128).
         return EngineProfile(0.75, 0.5, 0.5, 6e-4, 2e-5, 0.02, 80, 300, False, "layer_split",
-                             device_margin_mb=1024, score_buffer=False, **_LLAMA_CPP)
+                             device_margin_mb=1024, score_buffer=False, experts_to_host=True,
+                             **_LLAMA_CPP)
     if engine == "tightfit-lite":
         # The lite runtime computes as llama.cpp does (the stored blocks against activations
         # rounded to int8 per 32 values, one thread pool, prompts in calls of <= 512 tokens).

@@ -53,6 +53,9 @@ class MemoryEstimate:
     load_transient_bytes: float = 0.0  # held by the loader on top of the finished weights
     peak_phase: str = "serving"  # "load" when loading peaks above serving this workload
     state_bytes: float = 0.0   # a hybrid's recurrent state for the batch's sequences
+    # of `host_bytes`, routed-expert weights (an engine that offloads experts first,
+    # EngineProfile.experts_to_host); 0 where whole layers go to the host
+    host_expert_bytes: float = 0.0
 
 
 def compute_dtype_bytes(s: Scenario) -> float:
@@ -225,6 +228,45 @@ def active_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
             * loop_read_factor(s))
 
 
+def routed_experts(s: Scenario) -> tuple[float, float]:
+    """(routed-expert parameters, the share of them a decode step of the batch reads) for a
+    mixture of experts; (0, 0) for a dense model. The expert parameters are the table's
+    `expert_params_b` where it has them, else all but the attention projections and the
+    embeddings (Qwen3-30B-A3B: 29.0B of 30.5B, of which a token reads 1.77B, 6.1%, where 8 of
+    128 experts are 6.25%); the share grows with the batch as `active_weight_bytes` has it."""
+    m = s.model
+    if not m.is_moe:
+        return 0.0, 0.0
+    total = m.params_b * 1e9
+    if m.expert_params_b:
+        experts = min(m.expert_params_b * 1e9, total)
+    else:
+        q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+        attention = m.n_layers * m.hidden_size * 2 * (q + kv)
+        embed = embedding_params(s) * (1 if m.ties_embeddings else 2)
+        experts = max(total - attention - embed, 0.0)
+    if experts <= 0:
+        return 0.0, 0.0
+    read = max(m.active_params_b * 1e9 - (total - experts), 0.0) / experts
+    return experts, min(1.0, read * (1 + 0.5 * (s.workload.batch - 1)))
+
+
+def host_read_share(s: Scenario, prof: EngineProfile, mem: MemoryEstimate,
+                    step_bytes: float, timed: bool = True) -> float:
+    """The share of a decode step's bytes read from host RAM by a layer-split engine: the
+    host's share of the weights and K/V where whole layers go there, the routed experts a token
+    touches among those held there where the engine offloads experts first
+    (`MemoryEstimate.host_expert_bytes`). `step_bytes` as the engine's time sees them (an MoE's
+    weights over `moe_bw_rel`), or, `timed=False`, as bytes."""
+    if mem.device_fraction >= 1.0 or step_bytes <= 0:
+        return 0.0
+    if mem.host_expert_bytes > 0:
+        _, read = routed_experts(s)
+        scale = 1 / prof.moe_bw_rel if timed else 1.0
+        return min(1.0, mem.host_expert_bytes * read * scale / step_bytes)
+    return 1.0 - mem.device_fraction
+
+
 def kv_tokens(s: Scenario, prof: EngineProfile, ctx: float, read: bool = False) -> float:
     """Context positions of K/V held, averaged over the layers, for `ctx` tokens: a hybrid's
     non-attention layers hold none (`attention_layers`), a sliding-window layer keeps its window
@@ -305,14 +347,21 @@ def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
     if gpu:  # what the engine leaves free on each card
         capacity = max(capacity - prof.device_margin_mb * MB * s.device.device_count, 0.0)
     fits_dev = peak <= capacity
-    frac, host = 1.0, 0.0
+    frac, host, host_experts = 1.0, 0.0, 0.0
     if not fits_dev and gpu:  # the context is the one asked for: layers go to the host
         room = max(capacity - buffers - runtime - transient, 0.0)
         frac = min(1.0, room / max(placed, 1.0))
         host = (1 - frac) * placed
+        choice = s.workload.moe_offload
+        first = prof.offload == "layer_split" and (
+            choice == "experts" or (choice is None and prof.experts_to_host))
+        experts, _ = routed_experts(s) if first else (0.0, 0.0)
+        if experts and host <= weights * experts / (s.model.params_b * 1e9):
+            host_experts = host  # experts first; past all of them, whole layers as for a dense model
     fits = _fits(s, fits_dev, gpu, host, prof, peak)
     return MemoryEstimate(weights, kv, buffers, runtime, peak, capacity, frac, host, fits_dev, fits,
-                          transient, "load" if load_peak > serving_peak else "serving", state)
+                          transient, "load" if load_peak > serving_peak else "serving", state,
+                          host_experts)
 
 
 def max_context_on_device(s: Scenario, prof: EngineProfile) -> int | None:

@@ -145,7 +145,10 @@ def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple
     # (a looped model's layers once a pass: memory.loop_read_factor)
     flops = w.batch * 2 * (m.active_params_b * 1e9 - memory.lookup_only_params(s)) * \
         memory.loop_read_factor(s) + attn_flops
-    f = mem.device_fraction
+    # the share of the step's bytes left on the device (llama.cpp's experts-first placement:
+    # all but the routed experts read from host RAM, memory.host_read_share)
+    f = 1.0 - memory.host_read_share(s, prof, mem, timed_bytes) if prof.offload == "layer_split" \
+        else mem.device_fraction
     # what more threads add, to the copy rate and to the matrix rate, less the share an
     # engine's products do not get (thread_efficiency: tightfit's int8 on small matrices)
     eff = thread_efficiency(s)
@@ -182,7 +185,8 @@ def _offload_decode(s: Scenario, prof: EngineProfile, step_bytes: float, mem: Me
         return 0.0
     d = s.device
     if prof.offload == "layer_split":
-        return rest * step_bytes / (d.host_bandwidth_gbps * 1e9 * _HOST_EFF) + _HOP_S
+        host = memory.host_read_share(s, prof, mem, step_bytes)
+        return host * step_bytes / (d.host_bandwidth_gbps * 1e9 * _HOST_EFF) + _HOP_S
     return rest * memory.weight_bytes(s, prof) / (d.link_gbps * 1e9 * _LINK_EFF)
 
 

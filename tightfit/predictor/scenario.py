@@ -39,6 +39,10 @@ class Workload:
     batch: int = 1
     context_tokens: int = 2048
     kv_dtype: str | None = None
+    # where a mixture of experts too large for the GPU goes: "experts" (routed-expert tensors
+    # to host RAM first: llama.cpp's `--fit`, or `--n-cpu-moe` / `-ot exps=CPU`), "layers"
+    # (whole layers: an explicit `-ngl`, which turns `--fit` off); None: the engine's default
+    moe_offload: str | None = None
 
 
 @dataclass(frozen=True)
@@ -366,4 +370,13 @@ def _workload(w: Any) -> Workload:
             formats.kv_bytes(str(kv))
         except TightfitError as exc:
             raise RowError("workload.kv_dtype", str(exc)) from None
-    return Workload(prompt, gen, ints["batch"] or 1, max(ctx, prompt + gen), kv)
+    moe = w.get("moe_offload")
+    if moe is not None and moe not in MOE_OFFLOAD:
+        raise RowError("workload.moe_offload",
+                       f"{moe!r} is not one of {', '.join(repr(m) for m in MOE_OFFLOAD)}: \"experts\" "
+                       "puts routed experts in host RAM first (llama.cpp's default --fit), "
+                       "\"layers\" whole layers (an explicit -ngl)")
+    return Workload(prompt, gen, ints["batch"] or 1, max(ctx, prompt + gen), kv, moe)
+
+
+MOE_OFFLOAD = ("experts", "layers")
