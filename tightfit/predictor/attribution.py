@@ -28,9 +28,8 @@ def factors(s: Scenario, b: Breakdown, t_step: float, t_prefill: float,
     tok_s = observed.get("decode_tok_s")
     step = s.workload.batch / tok_s if tok_s else t_step
     prof = engines.profile(s.engine, s.device.device_class, s.quant)
-    host = memory.host_read_share(s, prof, b.memory, b.bytes_per_step, timed=False) \
-        if prof.offload == "layer_split" else 1 - b.memory.device_fraction
-    on_device = b.bytes_per_step * (1 - host)
+    on_device = b.bytes_per_step * (
+        1 - memory.host_read_share(s, prof, b.memory, b.bytes_per_step, timed=False))
     bw_ratio = on_device / step / (s.device.bandwidth_gbps * 1e9)
     out["bandwidth_utilisation"] = round(bw_ratio, 4)
     out["bandwidth_saturation"] = round(max(0.0, bw_ratio - BW_KNEE), 4)

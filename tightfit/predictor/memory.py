@@ -253,10 +253,10 @@ def routed_experts(s: Scenario) -> tuple[float, float]:
 
 def host_read_share(s: Scenario, prof: EngineProfile, mem: MemoryEstimate,
                     step_bytes: float, timed: bool = True) -> float:
-    """The share of a decode step's bytes read from host RAM by a layer-split engine: the
-    host's share of the weights and K/V where whole layers go there, the routed experts a token
-    touches among those held there where the engine offloads experts first
-    (`MemoryEstimate.host_expert_bytes`). `step_bytes` as the engine's time sees them (an MoE's
+    """The share of a decode step's bytes not read on the device: the host's share of the
+    weights and K/V where whole layers go there (or, for an engine that streams them over the
+    link, are not held on the device), the routed experts a token touches among those held there
+    where the engine offloads experts first (`MemoryEstimate.host_expert_bytes`). `step_bytes` as the engine's time sees them (an MoE's
     weights over `moe_bw_rel`), or, `timed=False`, as bytes."""
     if mem.device_fraction >= 1.0 or step_bytes <= 0:
         return 0.0

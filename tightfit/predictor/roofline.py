@@ -145,10 +145,10 @@ def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple
     # (a looped model's layers once a pass: memory.loop_read_factor)
     flops = w.batch * 2 * (m.active_params_b * 1e9 - memory.lookup_only_params(s)) * \
         memory.loop_read_factor(s) + attn_flops
-    # the share of the step's bytes left on the device (llama.cpp's experts-first placement:
-    # all but the routed experts read from host RAM, memory.host_read_share)
-    f = 1.0 - memory.host_read_share(s, prof, mem, timed_bytes) if prof.offload == "layer_split" \
-        else mem.device_fraction
+    # the share of the step's bytes read from host RAM (llama.cpp's experts-first placement:
+    # only the routed experts held there, memory.host_read_share); the rest is the device's
+    host = memory.host_read_share(s, prof, mem, timed_bytes)
+    f = 1.0 - host
     # what more threads add, to the copy rate and to the matrix rate, less the share an
     # engine's products do not get (thread_efficiency: tightfit's int8 on small matrices)
     eff = thread_efficiency(s)
@@ -159,7 +159,7 @@ def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple
     # attention's FLOPs run at the engine's attn_rel of its matrix rate (the lite runtime: 0.65)
     comp_s = f * (flops + attn_flops * (1 / prof.attn_rel - 1)) / (
         d.fp16_tflops * comp_gain * 1e12 * prof.decode_comp_eff * kernel_scale(s, "decode"))
-    off = _offload_decode(s, prof, timed_bytes, mem)  # the CPU's layers are MoE layers too
+    off = _offload_decode(s, prof, timed_bytes, mem, host)  # the CPU's layers are MoE layers too
     ovh = _layer_overhead_s(prof, s) * m.n_layers + prof.step_overhead_s + _HOP_S * (d.device_count - 1)
     return Phase(mem_s, comp_s, ovh, off), step_bytes, flops
 
@@ -179,13 +179,15 @@ def _cpu_threads(s: Scenario) -> int:
     return (s.device.cpu_cores or s.device.compute_units) if s.device.device_class == "cpu" else 0
 
 
-def _offload_decode(s: Scenario, prof: EngineProfile, step_bytes: float, mem: MemoryEstimate) -> float:
+def _offload_decode(s: Scenario, prof: EngineProfile, step_bytes: float, mem: MemoryEstimate,
+                    host: float) -> float:
+    """Seconds a decode step spends on what is not on the device: `host` of `step_bytes` read
+    from host RAM by a layer-split engine, or the host's weights over the link."""
     rest = 1.0 - mem.device_fraction
     if rest <= 0:
         return 0.0
     d = s.device
     if prof.offload == "layer_split":
-        host = memory.host_read_share(s, prof, mem, step_bytes)
         return host * step_bytes / (d.host_bandwidth_gbps * 1e9 * _HOST_EFF) + _HOP_S
     return rest * memory.weight_bytes(s, prof) / (d.link_gbps * 1e9 * _LINK_EFF)
 

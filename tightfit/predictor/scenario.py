@@ -172,6 +172,14 @@ def _number(section: dict[str, Any], key: str, path: str, lo: float, hi: float) 
     return float(value)
 
 
+def _whole(section: dict[str, Any], key: str, path: str, lo: float, hi: float) -> int | None:
+    """`_number`, and a whole one."""
+    v = _number(section, key, path, lo, hi)
+    if v is not None and v != int(v):
+        raise RowError(f"{path}.{key}", f"expected a whole number, got {v!r}")
+    return None if v is None else int(v)
+
+
 def _device(hw: dict[str, Any]) -> tuple[DeviceSpec, float, list[str]]:
     name = str(hw.get("name") or "").strip()
     base, widen, notes = _base_device(name, hw)
@@ -290,11 +298,9 @@ def _model(m: dict[str, Any]) -> tuple[ModelSpec, float, list[str]]:
         updates["state_bytes_per_layer"] = state * 2**20
     # a looped transformer: `n_layers` as its config counts them (stored), run `layer_loops`
     # times a token; the spec counts the layers a token passes through
-    loops = _number(m, "layer_loops", "model", 0, 16)
-    if loops is not None and loops != int(loops):
-        raise RowError("model.layer_loops", f"expected a whole number of passes, got {loops!r}")
+    loops = _whole(m, "layer_loops", "model", 0, 16)
     if loops is not None or "n_layers" in updates:
-        passes = int(loops) if loops is not None else spec.layer_loops
+        passes = loops if loops is not None else spec.layer_loops
         stored = updates.get("n_layers", spec.n_layers // spec.layer_loops)
         updates["n_layers"], updates["layer_loops"] = stored * passes, passes
     if "hidden_size" in updates and "n_heads" in updates and "head_dim" not in updates:
@@ -348,13 +354,9 @@ def _engine(value: Any) -> str:
 def _workload(w: Any) -> Workload:
     if not isinstance(w, dict):
         raise RowError("workload", f"expected an object, got {type(w).__name__}")
-    ints = {}
-    for key, lo, hi in (("prompt_tokens", -1, 10_000_000), ("gen_tokens", -1, 10_000_000),
-                        ("batch", 0, 100_000), ("context_tokens", 0, 10_000_000)):
-        v = _number(w, key, "workload", lo, hi)
-        if v is not None and v != int(v):
-            raise RowError(f"workload.{key}", f"expected a whole number, got {v!r}")
-        ints[key] = None if v is None else int(v)
+    ints = {key: _whole(w, key, "workload", lo, hi) for key, lo, hi in (
+        ("prompt_tokens", -1, 10_000_000), ("gen_tokens", -1, 10_000_000),
+        ("batch", 0, 100_000), ("context_tokens", 0, 10_000_000))}
     prompt = 512 if ints["prompt_tokens"] is None else ints["prompt_tokens"]
     gen = 128 if ints["gen_tokens"] is None else ints["gen_tokens"]
     ctx = ints["context_tokens"] or max(prompt + gen, 1)
