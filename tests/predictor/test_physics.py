@@ -1,6 +1,8 @@
 """The analytic base and memory model: directions and ratios that physics fixes."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tightfit.predictor import engines, features, memory, roofline
@@ -854,3 +856,40 @@ def test_llama_cpp_puts_a_mixture_s_experts_on_the_host_first(row) -> None:
     mem = memory.estimate(dense, prof)
     assert mem.host_bytes > 0 and mem.host_expert_bytes == 0
     assert memory.host_read_share(dense, prof, mem, 1e9) == pytest.approx(1 - mem.device_fraction)
+
+
+def test_a_hybrid_s_recurrent_layers_run_more_graph_operations(row) -> None:
+    """Per-layer costs (a CPU thread pool's barriers, kernel launches) follow the operations a
+    layer's graph runs: a Mamba-2 or Gated DeltaNet layer ~1.7-1.8 an attention layer's, a short
+    convolution about the same, Falcon-H1's parallel layers 2.6 (llama.cpp's graphs, counted
+    from its own test models). Granite 4.0-H 1B is 40 layers deep, 4 of them attending."""
+    from tightfit.predictor import architectures
+    from tightfit.predictor.scenario import RowError
+    g = architectures.lookup("granite-4.0-h-1b-Q4_K_M.gguf")
+    assert (g.n_layers, g.kv_layers, g.params_b) == (40, 4, pytest.approx(1.46))
+    assert g.layer_ops == pytest.approx((4 + 36 * 1.8) / 40)
+    assert architectures.lookup("Qwen3.5-0.8B").layer_ops == pytest.approx((6 + 18 * 1.7) / 24)
+    assert architectures.lookup("qwen3.5-4b").layer_ops > 1.4  # a size estimate of the family
+    assert architectures.lookup("Falcon-H1-1.5B-Instruct").layer_ops == 2.6
+    for plain in ("LFM2-1.2B", "Llama-3.2-1B", "Qwen3-4B"):
+        assert architectures.lookup(plain).layer_ops == 1.0
+    # on a 14-core CPU the barriers are a large share of a small model's step: the same shape
+    # with attention-like layers steps faster by exactly the extra per-layer cost
+    row.update(hardware={"name": "cpu", "kind": "cpu", "memory_gb": 64, "memory_bandwidth_gbps": 77,
+                         "fp16_tflops": 1.0, "cpu_cores": 14},
+               model="granite-4.0-h-1b", quant="Q4_K_M")
+    hybrid = parse_row(row)
+    plain = replace(hybrid, model=replace(hybrid.model, mixer=""))
+    prof = engines.profile("llama.cpp", "cpu", "q4_k_m")
+    per_layer = prof.layer_overhead_s + prof.sync_s_per_thread_layer * 14
+    a, b = roofline.analyse(plain).decode, roofline.analyse(hybrid).decode
+    assert b.overhead_s - a.overhead_s == pytest.approx(per_layer * 40 * (g.layer_ops - 1))
+    assert (b.mem_s, b.comp_s) == (a.mem_s, a.comp_s)
+    # a hybrid given by its fields says what its other layers run
+    row["model"] = {"name": "my-hybrid", "params_b": 1.5, "n_layers": 40, "hidden_size": 1536,
+                    "n_heads": 12, "n_kv_heads": 4, "vocab_size": 100352,
+                    "intermediate_size": 4096, "attention_layers": 10, "mixer": "Mamba2"}
+    assert parse_row(row).model.layer_ops == pytest.approx((10 + 30 * 1.8) / 40)
+    row["model"]["mixer"] = "lstm"
+    with pytest.raises(RowError, match="model.mixer"):
+        parse_row(row)

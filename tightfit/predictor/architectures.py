@@ -45,6 +45,21 @@ class ModelSpec:
     # each pass with K/V of its own. `n_layers` counts the layers a token passes through
     # (stored layers x loops); the weights are stored once and read once a pass.
     layer_loops: int = 1
+    # what a hybrid's non-attention layers run (a RECURRENT_OPS key), or PARALLEL_HYBRID for
+    # layers that run attention and a Mamba-2 mixer side by side (Falcon-H1); "" for none
+    mixer: str = ""
+
+    @property
+    def layer_ops(self) -> float:
+        """Graph operations a layer runs in a decode step, on average over the layers, relative
+        to an attention + FFN layer (RECURRENT_OPS): what a step's per-layer costs (a CPU thread
+        pool's barriers, kernel launches) scale with."""
+        if not self.mixer:
+            return 1.0
+        if self.mixer == PARALLEL_HYBRID:
+            return PARALLEL_HYBRID_OPS
+        attn = self.kv_layers
+        return (attn + (self.n_layers - attn) * RECURRENT_OPS[self.mixer]) / max(self.n_layers, 1)
 
     @property
     def kv_layers(self) -> int:
@@ -86,12 +101,29 @@ class ModelSpec:
 def _m(name: str, p: float, layers: int, hidden: int, heads: int, kv: int, vocab: int,
        inter: int, active: float | None = None, head_dim: int | None = None,
        experts: float | None = None, ple: float = 0.0, tied: bool | None = None,
-       swa: tuple[int, int] = (0, 0), attn: int = 0, state: float = 0.0) -> ModelSpec:
+       swa: tuple[int, int] = (0, 0), attn: int = 0, state: float = 0.0,
+       mixer: str = "") -> ModelSpec:
     return ModelSpec(name, p, active if active is not None else p, layers, hidden, heads, kv,
                      vocab, inter, head_dim or hidden // heads, tied_embeddings=tied,
                      expert_params_b=experts, per_layer_embed_params_b=ple,
                      sliding_window=swa[0], sliding_layers=swa[1], attention_layers=attn,
-                     state_bytes_per_layer=state)
+                     state_bytes_per_layer=state, mixer=mixer)
+
+
+# Graph operations of a hybrid's recurrent layer (its mixer, norm and FFN) relative to the
+# same model's attention + FFN layer, counted in llama.cpp's own graphs: the vendored sources'
+# test-llama-archs writes a small model of every architecture; copies of its layers, 2 and 10
+# deep, each loaded by llama-bench, whose log states the graph's nodes (attention / FFN biases
+# and scale tensors that the test models carry and published models do not, taken out;
+# 2026-12-07, docs/predictor.md "Graph operations of a recurrent layer"). Nodes a layer:
+# Granite 4.0-H Mamba-2 59 vs its attention 33; Qwen3.5 Gated DeltaNet 65 vs 39; Jamba Mamba
+# 61 vs 29; LFM2 short convolution 33 vs 35; Falcon-H1, whose every layer runs attention and a
+# Mamba-2 mixer side by side, 81 against a Llama layer's 31. A CPU thread pool meets at a
+# barrier after every node, and a GPU backend without graph replay launches a kernel for each.
+RECURRENT_OPS = {"mamba2": 1.8, "gated_deltanet": 1.7, "mamba": 2.1, "short_conv": 1.0}
+PARALLEL_HYBRID = "attention+mamba2"
+PARALLEL_HYBRID_OPS = 2.6  # Falcon-H1: every layer both
+MIXERS = tuple(RECURRENT_OPS) + (PARALLEL_HYBRID,)
 
 
 # Recurrent state a sequence holds in one layer, f32 as llama.cpp keeps it (its r/s tensors):
@@ -146,20 +178,20 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("qwen3-32b", 32.8, 64, 5120, 64, 8, 151936, 25600, head_dim=128),
     _m("qwen3-30b-a3b", 30.5, 48, 2048, 32, 4, 151936, 768, active=3.3, head_dim=128),
     _m("qwen3-coder-next", 80.0, 48, 2048, 16, 2, 151936, 512, active=3.0, head_dim=256,
-       attn=12, state=gated_deltanet_state(32)),  # 3 Gated DeltaNet layers to 1 attention
+       attn=12, state=gated_deltanet_state(32), mixer="gated_deltanet"),  # 3 Gated DeltaNet layers to 1 attention
     # Qwen3.5 (text model; the same 3:1 Gated DeltaNet / gated-attention schedule, head_dim
     # 256, a 248,320-entry vocabulary). Parameters counted from the configs: 0.8B 0.75e9 with
     # its tied embedding (254M of it), 9B 8.95e9 with an untied one.
     # Gated DeltaNet value heads (16 key heads of 128 at every size): 0.8B 16, 9B and 35B-A3B 32,
     # 27B 48.
     _m("qwen3.5-0.8b", 0.75, 24, 1024, 8, 2, 248320, 3584, head_dim=256, tied=True, attn=6,
-       state=gated_deltanet_state(16)),
+       state=gated_deltanet_state(16), mixer="gated_deltanet"),
     _m("qwen3.5-9b", 8.95, 32, 4096, 16, 4, 248320, 12288, head_dim=256, tied=False, attn=8,
-       state=gated_deltanet_state(32)),
+       state=gated_deltanet_state(32), mixer="gated_deltanet"),
     _m("qwen3.5-27b", 27.0, 64, 5120, 24, 4, 248320, 17408, head_dim=256, tied=False,
-       attn=16, state=gated_deltanet_state(48)),
+       attn=16, state=gated_deltanet_state(48), mixer="gated_deltanet"),
     _m("qwen3.5-35b-a3b", 35.0, 40, 2048, 16, 2, 248320, 512, active=3.0, head_dim=256,
-       tied=False, attn=10, state=gated_deltanet_state(32)),  # 256 experts of 512, 8 a token
+       tied=False, attn=10, state=gated_deltanet_state(32), mixer="gated_deltanet"),  # 256 experts of 512, 8 a token
     _m("gemma-2-2b", 2.61, 26, 2304, 8, 4, 256000, 9216, head_dim=256, tied=True, swa=(4096, 13)),
     _m("gemma-2-9b", 9.24, 42, 3584, 16, 8, 256000, 14336, head_dim=256, tied=True,
        swa=(4096, 21)),
@@ -226,7 +258,14 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("granite-3.1-1b-a400m", 1.33, 24, 1024, 16, 8, 49155, 512, active=0.4),
     _m("granite-3.1-3b-a800m", 3.3, 32, 1536, 24, 8, 49155, 512, active=0.8),
     _m("granite-4.0-h-small", 32.0, 40, 4096, 32, 8, 100352, 1536, active=9.0,
-       attn=4, state=mamba_state(4096, 128)),  # 36 Mamba-2 layers
+       attn=4, state=mamba_state(4096, 128), mixer="mamba2"),  # 36 Mamba-2 layers
+    # Granite 4.0-H Nano: 4 attention layers (12 query heads, 4 K/V) among 40 (1B) or 32 (350M),
+    # the rest Mamba-2 (48 heads, d_state 128), a shared 100,352-entry embedding; ~1.5B and
+    # ~340M parameters counted from these shapes (the "1B" is its name, not its size).
+    _m("granite-4.0-h-1b", 1.46, 40, 1536, 12, 4, 100352, 4096, tied=True, attn=4,
+       state=mamba_state(1536, 128), mixer="mamba2"),
+    _m("granite-4.0-h-350m", 0.34, 32, 768, 12, 4, 100352, 2048, head_dim=64, tied=True, attn=4,
+       state=mamba_state(768, 128), mixer="mamba2"),
     _m("internlm3-8b", 8.8, 48, 4096, 32, 2, 128512, 10240),
     _m("yi-1.5-9b", 8.83, 48, 4096, 32, 4, 64000, 11008),
     _m("yi-1.5-34b", 34.4, 60, 7168, 56, 8, 64000, 20480),
@@ -238,11 +277,11 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("aya-expanse-32b", 32.3, 40, 8192, 64, 8, 256000, 24576),
     _m("c4ai-command-r7b", 8.03, 32, 4096, 32, 8, 256000, 14336, swa=(4096, 24)),
     # LFM2 / LFM2.5 (hybrid: 6 to 8 of the layers attend, the rest are short convolutions)
-    _m("lfm2-350m", 0.354, 16, 1024, 16, 8, 65536, 4608, attn=6),
-    _m("lfm2-700m", 0.742, 16, 1536, 24, 8, 65536, 6912, attn=6),
-    _m("lfm2-1.2b", 1.17, 16, 2048, 32, 8, 65536, 8192, attn=6),
-    _m("lfm2-2.6b", 2.57, 30, 2048, 32, 8, 65536, 10752, tied=True, attn=8),
-    _m("lfm2-8b-a1b", 8.3, 24, 2048, 32, 8, 65536, 1792, active=1.5, attn=6),
+    _m("lfm2-350m", 0.354, 16, 1024, 16, 8, 65536, 4608, attn=6, mixer="short_conv"),
+    _m("lfm2-700m", 0.742, 16, 1536, 24, 8, 65536, 6912, attn=6, mixer="short_conv"),
+    _m("lfm2-1.2b", 1.17, 16, 2048, 32, 8, 65536, 8192, attn=6, mixer="short_conv"),
+    _m("lfm2-2.6b", 2.57, 30, 2048, 32, 8, 65536, 10752, tied=True, attn=8, mixer="short_conv"),
+    _m("lfm2-8b-a1b", 8.3, 24, 2048, 32, 8, 65536, 1792, active=1.5, attn=6, mixer="short_conv"),
     _m("ernie-4.5-21b-a3b", 21.8, 28, 2560, 20, 4, 103424, 1536, active=3.0),
     _m("ernie-4.5-0.3b", 0.36, 18, 1024, 16, 2, 103424, 3072),
     _m("phi-4-reasoning-plus", 14.7, 40, 5120, 40, 10, 100352, 17920),
@@ -301,11 +340,14 @@ _FAMILY_HINTS: list[tuple[str, str]] = [
 # bytes): Qwen3.5 / Qwen3-Next 32 value heads in most (2B-122B), Granite 4.0-H Mamba-2 with
 # d_state 128 (350M, 1B, Micro, Small), Jamba Mamba with d_state 16, Kimi Linear's KDA heads
 # as Gated DeltaNet's.
-_HYBRID_FAMILIES = (("qwen3.5", 4, lambda h: gated_deltanet_state(32)),
-                    ("qwen3-next", 4, lambda h: gated_deltanet_state(32)),
-                    ("granite-4.0-h", 10, lambda h: mamba_state(h, 128)),
-                    ("jamba", 8, lambda h: mamba_state(h, 16, mamba2=False)),
-                    ("kimi-linear", 4, lambda h: gated_deltanet_state(32)))
+_HYBRID_FAMILIES = (("qwen3.5", 4, lambda h: gated_deltanet_state(32), "gated_deltanet"),
+                    ("qwen3-next", 4, lambda h: gated_deltanet_state(32), "gated_deltanet"),
+                    ("granite-4.0-h", 10, lambda h: mamba_state(h, 128), "mamba2"),
+                    ("jamba", 8, lambda h: mamba_state(h, 16, mamba2=False), "mamba"),
+                    ("kimi-linear", 4, lambda h: gated_deltanet_state(32), "gated_deltanet"))
+# Parallel hybrids: every layer attends and runs a Mamba-2 mixer beside it (Falcon-H1); their
+# K/V is a dense model's, their layers run PARALLEL_HYBRID_OPS times the operations.
+_PARALLEL_HYBRIDS = ("falcon-h1",)
 # Looped transformers: (name fragment, passes a token makes through the stored layers).
 # Nanbeige4.2-3B reuses its 22 stored layers twice (num_loops 2, 44 layers deep, K/V kept for
 # all 44: the public llama.cpp port's release notes; its model code aliases logical layer
@@ -389,10 +431,12 @@ def lookup(name: str) -> ModelSpec | None:
     spec = estimate_shape(s, total, active)
     if "gemma" in s:  # Gemma ties its 262k-entry token embedding to the head at every size
         spec = replace(spec, vocab_size=262144, tied_embeddings=True)
-    for family, every, state in _HYBRID_FAMILIES:
+    for family, every, state, mixer in _HYBRID_FAMILIES:
         if family in s:  # a hybrid family at a size not in the table
             spec = replace(spec, attention_layers=max(1, spec.n_layers // every),
-                           state_bytes_per_layer=state(spec.hidden_size))
+                           state_bytes_per_layer=state(spec.hidden_size), mixer=mixer)
+    if any(family in s for family in _PARALLEL_HYBRIDS):
+        spec = replace(spec, mixer=PARALLEL_HYBRID)
     if "qwen3.5" in s or "qwen3-next" in s:
         # a Qwen3.5 / Qwen3-Next size not in the table (2B, 4B, 122B-A10B, 397B-A17B): every
         # published config of the family has 256-wide heads, 2-4 of them for K/V, and Qwen3.5 a

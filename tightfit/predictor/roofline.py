@@ -160,7 +160,10 @@ def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple
     comp_s = f * (flops + attn_flops * (1 / prof.attn_rel - 1)) / (
         d.fp16_tflops * comp_gain * 1e12 * prof.decode_comp_eff * kernel_scale(s, "decode"))
     off = _offload_decode(s, prof, timed_bytes, mem, host)  # the CPU's layers are MoE layers too
-    ovh = _layer_overhead_s(prof, s) * m.n_layers + prof.step_overhead_s + _HOP_S * (d.device_count - 1)
+    # per-layer costs follow the graph operations a layer runs (a hybrid's recurrent layers run
+    # more than an attention layer: ModelSpec.layer_ops)
+    ovh = _layer_overhead_s(prof, s) * m.n_layers * m.layer_ops + prof.step_overhead_s + \
+        _HOP_S * (d.device_count - 1)
     return Phase(mem_s, comp_s, ovh, off), step_bytes, flops
 
 
@@ -218,7 +221,7 @@ def prefill_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tupl
         d.bandwidth_gbps * d.threads_bandwidth_gain * 1e9 * prof.bw_eff * stream_scale(s))
     comp_s = flops / (d.fp16_tflops * 1e12 * prof.comp_eff * kernel_scale(s, "prefill"))
     off = (1 - mem.device_fraction) * weights * ubatches / (d.link_gbps * 1e9 * _LINK_EFF)
-    ovh = ubatches * (prof.step_overhead_s + prof.layer_overhead_s * m.n_layers)
+    ovh = ubatches * (prof.step_overhead_s + prof.layer_overhead_s * m.n_layers * m.layer_ops)
     return Phase(mem_s, comp_s, ovh, off), flops
 
 

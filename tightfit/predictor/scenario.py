@@ -296,6 +296,13 @@ def _model(m: dict[str, Any]) -> tuple[ModelSpec, float, list[str]]:
     state = _number(m, "state_mb_per_layer", "model", 0, 65536)
     if state is not None:  # MiB a sequence in each non-attention layer of a hybrid
         updates["state_bytes_per_layer"] = state * 2**20
+    mixer = m.get("mixer")
+    if mixer is not None:  # what a hybrid's non-attention layers run (their graph operations)
+        if not isinstance(mixer, str) or mixer.strip().lower() not in architectures.MIXERS:
+            raise RowError("model.mixer", f"unknown mixer {mixer!r}; use one of "
+                           f"{', '.join(architectures.MIXERS)} (or leave it out for a model "
+                           "whose layers all attend)")
+        updates["mixer"] = mixer.strip().lower()
     # a looped transformer: `n_layers` as its config counts them (stored), run `layer_loops`
     # times a token; the spec counts the layers a token passes through
     loops = _whole(m, "layer_loops", "model", 0, 16)
