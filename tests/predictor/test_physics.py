@@ -893,3 +893,7 @@ def test_a_hybrid_s_recurrent_layers_run_more_graph_operations(row) -> None:
     row["model"]["mixer"] = "lstm"
     with pytest.raises(RowError, match="model.mixer"):
         parse_row(row)
+    row["model"]["mixer"] = "mamba2"
+    del row["model"]["attention_layers"]
+    with pytest.raises(RowError, match="model.attention_layers"):
+        parse_row(row)

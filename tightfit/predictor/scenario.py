@@ -316,6 +316,12 @@ def _model(m: dict[str, Any]) -> tuple[ModelSpec, float, list[str]]:
     spec = replace(spec, shape_known=known, **updates)
     if spec.n_kv_heads > spec.n_heads:
         raise RowError("model.n_kv_heads", f"{spec.n_kv_heads} exceeds n_heads {spec.n_heads}")
+    if "mixer" in updates and spec.mixer in architectures.RECURRENT_OPS and \
+            not 0 < spec.attention_layers < spec.n_layers:
+        raise RowError("model.attention_layers",
+                       f"model.mixer {spec.mixer!r} describes the layers that do not attend; give "
+                       f"attention_layers, how many of the {spec.n_layers} layers attend (1 to "
+                       f"{spec.n_layers - 1})")
     for field in ("sliding_layers", "attention_layers"):
         if getattr(spec, field) > spec.n_layers:
             raise RowError(f"model.{field}",
