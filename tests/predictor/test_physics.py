@@ -885,6 +885,8 @@ def test_a_hybrid_s_recurrent_layers_run_more_graph_operations(row) -> None:
     a, b = roofline.analyse(plain).decode, roofline.analyse(hybrid).decode
     assert b.overhead_s - a.overhead_s == pytest.approx(per_layer * 40 * (g.layer_ops - 1))
     assert (b.mem_s, b.comp_s) == (a.mem_s, a.comp_s)
+    assert any("36 of its 40 layers run mamba2, 1.8x the graph operations" in n
+               for n in hybrid.notes)
     # a hybrid given by its fields says what its other layers run
     row["model"] = {"name": "my-hybrid", "params_b": 1.5, "n_layers": 40, "hidden_size": 1536,
                     "n_heads": 12, "n_kv_heads": 4, "vocab_size": 100352,

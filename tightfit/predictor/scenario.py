@@ -327,6 +327,15 @@ def _model(m: dict[str, Any]) -> tuple[ModelSpec, float, list[str]]:
             raise RowError(f"model.{field}",
                            f"{getattr(spec, field)} exceeds n_layers {spec.n_layers}")
     notes = [] if known else ["model shape estimated from its size"]
+    if spec.mixer:
+        rel = architectures.PARALLEL_HYBRID_OPS if spec.mixer == architectures.PARALLEL_HYBRID \
+            else architectures.RECURRENT_OPS[spec.mixer]
+        which = "every layer runs attention and a Mamba-2 mixer" \
+            if spec.mixer == architectures.PARALLEL_HYBRID else \
+            f"{spec.n_layers - spec.kv_layers} of its {spec.n_layers} layers run {spec.mixer}"
+        if rel != 1.0:
+            notes.append(f"a hybrid: {which}, {rel:g}x the graph operations of an attention "
+                         f"layer (each layer's fixed per-step cost scaled by it)")
     if spec.layer_loops > 1:
         notes.append(f"a looped transformer: its {spec.n_layers // spec.layer_loops} stored layers "
                      f"run {spec.layer_loops} times a token (their weights read once a pass, "
