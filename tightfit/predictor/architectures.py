@@ -113,16 +113,18 @@ def _m(name: str, p: float, layers: int, hidden: int, heads: int, kv: int, vocab
 # Graph operations of a hybrid's recurrent layer (its mixer, norm and FFN) relative to the
 # same model's attention + FFN layer, counted in llama.cpp's own graphs: the vendored sources'
 # test-llama-archs writes a small model of every architecture; copies of its layers, 2 and 10
-# deep, each loaded by llama-bench, whose log states the graph's nodes (attention / FFN biases
-# and scale tensors that the test models carry and published models do not, taken out;
-# 2026-12-07, docs/predictor.md "Graph operations of a recurrent layer"). Nodes a layer:
-# Granite 4.0-H Mamba-2 59 vs its attention 33; Qwen3.5 Gated DeltaNet 65 vs 39; Jamba Mamba
-# 61 vs 29; LFM2 short convolution 33 vs 35; Falcon-H1, whose every layer runs attention and a
-# Mamba-2 mixer side by side, 81 against a Llama layer's 31. A CPU thread pool meets at a
-# barrier after every node, and a GPU backend without graph replay launches a kernel for each.
-RECURRENT_OPS = {"mamba2": 1.8, "gated_deltanet": 1.7, "mamba": 2.1, "short_conv": 1.0}
+# deep, each loaded by llama-bench with GGML_SCHED_DEBUG=2, which lists the graph's nodes
+# (attention / FFN biases and scale tensors that the test models carry and published models do
+# not, taken out; 2026-12-07, docs/predictor.md "Graph operations of a recurrent layer").
+# Counted are the nodes that run: ggml skips views, reshapes and permutes (no barrier, no
+# launch). Nodes a layer: Granite 4.0-H Mamba-2 36 vs its attention 21; Qwen3.5 Gated DeltaNet
+# 41 vs 26; Jamba Mamba 39 vs 17; PLaMo-2 Mamba 43 vs 24; LFM2 short convolution 21 vs 23;
+# Falcon-H1, whose every layer runs attention and a Mamba-2 mixer side by side, 46 against a
+# Llama layer's 19. A CPU thread pool meets at a barrier after every such node, and a GPU
+# backend without graph replay launches a kernel for each.
+RECURRENT_OPS = {"mamba2": 1.7, "gated_deltanet": 1.6, "mamba": 2.3, "short_conv": 0.9}
 PARALLEL_HYBRID = "attention+mamba2"
-PARALLEL_HYBRID_OPS = 2.6  # Falcon-H1: every layer both
+PARALLEL_HYBRID_OPS = 2.4  # Falcon-H1: every layer both
 MIXERS = tuple(RECURRENT_OPS) + (PARALLEL_HYBRID,)
 
 
