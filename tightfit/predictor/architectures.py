@@ -179,8 +179,9 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("qwen3-14b", 14.8, 40, 5120, 40, 8, 151936, 17408),
     _m("qwen3-32b", 32.8, 64, 5120, 64, 8, 151936, 25600, head_dim=128),
     _m("qwen3-30b-a3b", 30.5, 48, 2048, 32, 4, 151936, 768, active=3.3, head_dim=128),
+    # 3 Gated DeltaNet layers to 1 attention
     _m("qwen3-coder-next", 80.0, 48, 2048, 16, 2, 151936, 512, active=3.0, head_dim=256,
-       attn=12, state=gated_deltanet_state(32), mixer="gated_deltanet"),  # 3 Gated DeltaNet layers to 1 attention
+       attn=12, state=gated_deltanet_state(32), mixer="gated_deltanet"),
     # Qwen3.5 (text model; the same 3:1 Gated DeltaNet / gated-attention schedule, head_dim
     # 256, a 248,320-entry vocabulary). Parameters counted from the configs: 0.8B 0.75e9 with
     # its tied embedding (254M of it), 9B 8.95e9 with an untied one.
@@ -193,7 +194,8 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("qwen3.5-27b", 27.0, 64, 5120, 24, 4, 248320, 17408, head_dim=256, tied=False,
        attn=16, state=gated_deltanet_state(48), mixer="gated_deltanet"),
     _m("qwen3.5-35b-a3b", 35.0, 40, 2048, 16, 2, 248320, 512, active=3.0, head_dim=256,
-       tied=False, attn=10, state=gated_deltanet_state(32), mixer="gated_deltanet"),  # 256 experts of 512, 8 a token
+       tied=False, attn=10, state=gated_deltanet_state(32),
+       mixer="gated_deltanet"),  # 256 experts of 512, 8 a token
     _m("gemma-2-2b", 2.61, 26, 2304, 8, 4, 256000, 9216, head_dim=256, tied=True, swa=(4096, 13)),
     _m("gemma-2-9b", 9.24, 42, 3584, 16, 8, 256000, 14336, head_dim=256, tied=True,
        swa=(4096, 21)),
@@ -266,8 +268,8 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     # ~340M parameters counted from these shapes (the "1B" is its name, not its size).
     _m("granite-4.0-h-1b", 1.46, 40, 1536, 12, 4, 100352, 4096, tied=True, attn=4,
        state=mamba_state(1536, 128), mixer="mamba2"),
-    _m("granite-4.0-h-350m", 0.34, 32, 768, 12, 4, 100352, 2048, head_dim=64, tied=True, attn=4,
-       state=mamba_state(768, 128), mixer="mamba2"),
+    _m("granite-4.0-h-350m", 0.34, 32, 768, 12, 4, 100352, 2048, head_dim=64, tied=True,
+       attn=4, state=mamba_state(768, 128), mixer="mamba2"),
     _m("internlm3-8b", 8.8, 48, 4096, 32, 2, 128512, 10240),
     _m("yi-1.5-9b", 8.83, 48, 4096, 32, 4, 64000, 11008),
     _m("yi-1.5-34b", 34.4, 60, 7168, 56, 8, 64000, 20480),
