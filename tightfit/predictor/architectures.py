@@ -59,7 +59,7 @@ class ModelSpec:
         if self.mixer == PARALLEL_HYBRID:
             return PARALLEL_HYBRID_OPS
         attn = self.kv_layers
-        return (attn + (self.n_layers - attn) * RECURRENT_OPS[self.mixer]) / max(self.n_layers, 1)
+        return (attn + (self.n_layers - attn) * mixer_ops(self.mixer)) / max(self.n_layers, 1)
 
     @property
     def kv_layers(self) -> int:
@@ -126,6 +126,12 @@ RECURRENT_OPS = {"mamba2": 1.7, "gated_deltanet": 1.6, "mamba": 2.3, "short_conv
 PARALLEL_HYBRID = "attention+mamba2"
 PARALLEL_HYBRID_OPS = 2.4  # Falcon-H1: every layer both
 MIXERS = tuple(RECURRENT_OPS) + (PARALLEL_HYBRID,)
+
+
+def mixer_ops(mixer: str) -> float:
+    """Graph operations of a layer running `mixer` (a MIXERS entry), relative to an attention
+    + FFN layer."""
+    return PARALLEL_HYBRID_OPS if mixer == PARALLEL_HYBRID else RECURRENT_OPS[mixer]
 
 
 # Recurrent state a sequence holds in one layer, f32 as llama.cpp keeps it (its r/s tensors):

@@ -208,9 +208,7 @@ def _with_known_attention(model: architectures.ModelSpec) -> architectures.Model
 
 def _impossible(obs: Observation) -> bool:
     s = obs.scenario
-    streamed = (s.model.active_params_b * 1e9 - memory.lookup_only_params(s)) * \
-        memory.loop_read_factor(s)
-    bytes_tok = streamed * s.bits_per_weight / 8
+    bytes_tok = memory.params_read_per_token(s) * s.bits_per_weight / 8
     return bytes_tok * obs.value > MAX_BW_UTIL * s.device.bandwidth_gbps * 1e9
 
 

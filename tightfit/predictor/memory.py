@@ -217,6 +217,12 @@ def loop_read_factor(s: Scenario) -> float:
     return (layers * m.layer_loops + head) / (layers + head) if layers + head > 0 else 1.0
 
 
+def params_read_per_token(s: Scenario) -> float:
+    """Parameters a token multiplies in one decode step: the active ones but for an untied
+    embedding's lookup, a looped model's layers once a pass (`loop_read_factor`)."""
+    return (s.model.active_params_b * 1e9 - lookup_only_params(s)) * loop_read_factor(s)
+
+
 def active_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
     """Weight bytes streamed in one decode step (MoE: the experts the batch touches; a looped
     model's layers once a pass, `loop_read_factor`); an untied token embedding and per-layer

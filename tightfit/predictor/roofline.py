@@ -142,9 +142,8 @@ def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple
     keys = memory.kv_tokens(s, prof, ctx, read=True)
     attn_flops = w.batch * 4.0 * m.n_layers * keys * m.n_heads * m.head_dim
     # every parameter a token meets is a multiply-add, but for an untied embedding's lookup
-    # (a looped model's layers once a pass: memory.loop_read_factor)
-    flops = w.batch * 2 * (m.active_params_b * 1e9 - memory.lookup_only_params(s)) * \
-        memory.loop_read_factor(s) + attn_flops
+    # (a looped model's layers once a pass: memory.params_read_per_token)
+    flops = w.batch * 2 * memory.params_read_per_token(s) + attn_flops
     # the share of the step's bytes read from host RAM (llama.cpp's experts-first placement:
     # only the routed experts held there, memory.host_read_share); the rest is the device's
     host = memory.host_read_share(s, prof, mem, timed_bytes)

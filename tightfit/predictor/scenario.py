@@ -45,6 +45,9 @@ class Workload:
     moe_offload: str | None = None
 
 
+MOE_OFFLOAD = ("experts", "layers")  # Workload.moe_offload's choices
+
+
 @dataclass(frozen=True)
 class Scenario:
     id: str
@@ -298,11 +301,12 @@ def _model(m: dict[str, Any]) -> tuple[ModelSpec, float, list[str]]:
         updates["state_bytes_per_layer"] = state * 2**20
     mixer = m.get("mixer")
     if mixer is not None:  # what a hybrid's non-attention layers run (their graph operations)
-        if not isinstance(mixer, str) or mixer.strip().lower() not in architectures.MIXERS:
+        key = mixer.strip().lower() if isinstance(mixer, str) else None
+        if key not in architectures.MIXERS:
             raise RowError("model.mixer", f"unknown mixer {mixer!r}; use one of "
                            f"{', '.join(architectures.MIXERS)} (or leave it out for a model "
                            "whose layers all attend)")
-        updates["mixer"] = mixer.strip().lower()
+        updates["mixer"] = key
     # a looped transformer: `n_layers` as its config counts them (stored), run `layer_loops`
     # times a token; the spec counts the layers a token passes through
     loops = _whole(m, "layer_loops", "model", 0, 16)
@@ -328,8 +332,7 @@ def _model(m: dict[str, Any]) -> tuple[ModelSpec, float, list[str]]:
                            f"{getattr(spec, field)} exceeds n_layers {spec.n_layers}")
     notes = [] if known else ["model shape estimated from its size"]
     if spec.mixer:
-        rel = architectures.PARALLEL_HYBRID_OPS if spec.mixer == architectures.PARALLEL_HYBRID \
-            else architectures.RECURRENT_OPS[spec.mixer]
+        rel = architectures.mixer_ops(spec.mixer)
         which = "every layer runs attention and a Mamba-2 mixer" \
             if spec.mixer == architectures.PARALLEL_HYBRID else \
             f"{spec.n_layers - spec.kv_layers} of its {spec.n_layers} layers run {spec.mixer}"
@@ -402,5 +405,3 @@ def _workload(w: Any) -> Workload:
                        "\"layers\" whole layers (an explicit -ngl)")
     return Workload(prompt, gen, ints["batch"] or 1, max(ctx, prompt + gen), kv, moe)
 
-
-MOE_OFFLOAD = ("experts", "layers")
