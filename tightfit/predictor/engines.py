@@ -177,12 +177,21 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
     cpu = device_class == "cpu"
     if engine == "llama.cpp":
         if cpu:
-            # Attention at the matrix rate (attn_rel 1), although llama-bench tg64 on the default
-            # model at depth 0 and 1,536 (2026-12-04 20:08, 3 repetitions: 1 thread 88.5 -> 48.7
-            # tok/s, 2 threads 120.8 -> 80.4) puts it at 0.48 / 0.78 of that rate: with 0.6 here
-            # the held-out evaluation got worse overall (decode 16.1% -> 16.4%; own data 13.4%
-            # -> 12.9% but llmfit 19.6% -> 20.7%, its Xeon rows 26% -> 33%, which inherit this
-            # machine's llama.cpp residual), so it is not used.
+            # attn_rel: decode attention at 0.6 of the matrix rate (without the weights' format
+            # factor: it multiplies the f16 K/V). llama-bench -p 0 -n 64 -r 3 on the default
+            # model as Q4_0 / Q4_1 / F16 at depth 0, 512 and 1,536, 1 and 2 threads, flash
+            # attention off and on (the vendored build, this EPYC VM, 2026-12-07 04:08-04:11
+            # UTC): 1,536 positions added 4.5-5.8 ms a token at one thread and 3.4-3.6 ms at two
+            # with it off (F16: 9.6 / 2.5, its runs noisier); the base adds 5.7-5.8 / 3.0-3.8 ms
+            # at 0.6, 3.4-3.6 / 2.1-2.5 ms at 1 (the value until then). With it on, llama.cpp's
+            # own tools' default on a CPU, the same positions added 8.9-10.4 / 4.2-6.1 ms. The
+            # bench's llama.cpp rows (llama-cpp-python) grow as with it off (Q4_0, one thread:
+            # +6.2 ms from a 16- to a 1,536-token prompt), so 0.6 is the rate here; a CPU
+            # user of llama-server decodes long contexts slower than this predicts. Decode
+            # held out by device (one-off folds, 2026-12-07 04:17-04:24 UTC):
+            # 10.28% -> 10.21%; this machine's llama.cpp rows 10.6 / 14.9% -> 8.8 / 13.4% (1 / 2
+            # threads), the Xeon's 10.5% -> 9.9%. (0.6 with the format factor, 2026-12-04,
+            # against an older base: 16.1% -> 16.4%, the llmfit Xeon's rows 26% -> 33%.)
             # sync_s_per_thread_layer: ggml's CPU threads meet at a barrier after every node of
             # the graph (views and reshapes included), ~25-30 nodes a layer in a decode step,
             # and a barrier costs more the more threads spin on it: llama.cpp's own
@@ -199,7 +208,7 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
             # Apple 6.23% -> 5.90%, the Xeon 15.7% -> 12.8% (docs/predictor.md).
             return EngineProfile(0.6, 0.5, 0.3, 4e-4, 2e-5, 0.01, 90, 0, False, "layer_split",
                                  tokenizer_bytes_per_token=300, sync_s_per_thread_layer=1e-5,
-                                 **_LLAMA_CPP)
+                                 attn_rel=0.6, **_LLAMA_CPP)
         # device_margin_mb: llama.cpp's `--fit` (on by default since late 2025) places layers so
         # that 1024 MiB stay free on each GPU (`--fit-target`). With it, the llmfit table's
         # 12 GB and 8 GB cards held out by device: 29.7% -> 22.9% and 21.3% -> 18.5% decode MAPE

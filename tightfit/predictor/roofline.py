@@ -155,9 +155,11 @@ def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple
     bw_gain = 1.0 + eff * (d.threads_bandwidth_gain - 1.0)
     comp_gain = (1.0 + eff * (threads - 1)) / threads
     mem_s = f * timed_bytes / (d.bandwidth_gbps * bw_gain * 1e9 * prof.bw_eff * stream_scale(s))
-    # attention's FLOPs run at the engine's attn_rel of its matrix rate (the lite runtime: 0.65)
-    comp_s = f * (flops + attn_flops * (1 / prof.attn_rel - 1)) / (
-        d.fp16_tflops * comp_gain * 1e12 * prof.decode_comp_eff * kernel_scale(s, "decode"))
+    # attention's FLOPs run at the engine's attn_rel of its matrix rate, the rate without the
+    # weights' format factor: they multiply the f16 K/V whatever the weights' format
+    attn_eff = profile(s.engine, d.device_class).decode_comp_eff * prof.attn_rel
+    comp_s = f * ((flops - attn_flops) / prof.decode_comp_eff + attn_flops / attn_eff) / (
+        d.fp16_tflops * comp_gain * 1e12 * kernel_scale(s, "decode"))
     off = _offload_decode(s, prof, timed_bytes, mem, host)  # the CPU's layers are MoE layers too
     # per-layer costs follow the graph operations a layer runs (a hybrid's recurrent layers run
     # more than an attention layer: ModelSpec.layer_ops)
