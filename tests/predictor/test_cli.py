@@ -139,6 +139,8 @@ def test_calibration_engine_run_corrects_local_tightfit_predictions(tmp_path, ro
         r = dict(row, id=f"{engine} {quant}", hardware={"name": "local"},
                  model={"name": "SmolLM2-135M"}, quant=quant, engine=engine,
                  workload={"prompt_tokens": 128, "gen_tokens": 32, "batch": 1})
+        if engine == "llama.cpp":  # as calibrate runs it (llama-cpp-python's default)
+            r["workload"] = dict(r["workload"], flash_attn=False)
         rows.append(r)
     assert main(["predict", "-i", _write(tmp_path, rows)]) == 0
     out = {o["id"]: o for o in map(json.loads, capsys.readouterr().out.splitlines())}

@@ -27,7 +27,7 @@ def factors(s: Scenario, b: Breakdown, t_step: float, t_prefill: float,
         out.update({f"prefill_share_{k}": round(v, 4) for k, v in b.prefill.shares().items()})
     tok_s = observed.get("decode_tok_s")
     step = s.workload.batch / tok_s if tok_s else t_step
-    prof = engines.profile(s.engine, s.device.device_class, s.quant)
+    prof = engines.for_scenario(s)
     on_device = b.bytes_per_step * (
         1 - memory.host_read_share(s, prof, b.memory, b.bytes_per_step, timed=False))
     bw_ratio = on_device / step / (s.device.bandwidth_gbps * 1e9)

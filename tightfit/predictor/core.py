@@ -74,7 +74,7 @@ def _placement_notes(s: Scenario, b: Breakdown) -> tuple[str, ...]:
     m = b.memory
     if m.device_fraction >= 1.0 or s.device.device_class != "discrete_gpu":
         return ()
-    prof = engines.profile(s.engine, s.device.device_class, s.quant)
+    prof = engines.for_scenario(s)
     where = ("runs those layers on the CPU from host RAM" if prof.offload == "layer_split"
              else "streams them over the host link every step")
     if m.host_expert_bytes > 0:

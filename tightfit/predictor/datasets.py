@@ -111,7 +111,10 @@ def load_design(directory: Path | None = None) -> list[Observation]:
         device = hardware.lookup(row["device"])
         model = architectures.lookup(row["model"])
         assert device is not None and model is not None, row
-        wl = Workload(int(row["prompt_tokens"]), int(row["gen_tokens"]), 1, int(row["context_tokens"]))
+        # the reference rows measured through llama-cpp-python ran without flash attention
+        fa = False if "llama-cpp-python" in row.get("note", "") else None
+        wl = Workload(int(row["prompt_tokens"]), int(row["gen_tokens"]), 1,
+                      int(row["context_tokens"]), flash_attn=fa)
         sc = Scenario(f"design-{i}", device, model, row["quant"],
                       stored_bits(row["quant"], model), row["engine"], wl)
         value = float(row["value"]) * (1e9 / 2**30 if row["metric"] == "peak_memory_gb" else 1.0)
@@ -265,6 +268,11 @@ _BACKEND_ENGINE = {"tightfit": "tightfit", "tightfit-http": "tightfit", "tightfi
                    "hf": "hf-transformers", "llamacpp": "llama.cpp", "llama.cpp": "llama.cpp",
                    "llama-server": "llama.cpp", "tightfit-lite": "tightfit-lite",
                    "tightfit-lite-serve": "tightfit-lite"}
+
+
+# llama.cpp's flash attention as a backend ran it: llama-cpp-python's `Llama(flash_attn=False)`
+# turns it off; llama-server keeps its tools' default ("auto": on where the backend has it)
+_BACKEND_FLASH_ATTN = {"llamacpp": False}
 
 
 def _own_quant(weight_format: str, file_format: str | None) -> str:
@@ -421,7 +429,7 @@ def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:
         bpw = stored_bits(quant, model)
         prompt = int(w.prompt_tokens_mean)
         gen = max(1, int(r.output_tokens_total or 1))
-        wl = Workload(prompt, gen, 1, prompt + gen)
+        wl = Workload(prompt, gen, 1, prompt + gen, flash_attn=_BACKEND_FLASH_ATTN.get(c.backend))
         device = own_device(m.hardware, sittings.get(_sitting(m)))
         sc = Scenario(f"tightfit-{m.id}", device, model, quant, bpw, engine, wl)
         key = hardware.normalise_name(device.name)

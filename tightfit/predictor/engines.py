@@ -6,10 +6,13 @@ learned residual (models.py) corrects them per engine and device class from meas
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tightfit.predictor.formats import HF_HELD_QUANTISED
 from tightfit.predictor.hardware import COPY_OF_PEAK
+
+if TYPE_CHECKING:
+    from tightfit.predictor.scenario import Scenario
 
 ENGINES = ("llama.cpp", "tightfit", "hf-transformers", "tightfit-lite")
 # the lite runtime (tightfit/lite) reads these stored formats only, on the CPU
@@ -103,6 +106,22 @@ def profile(engine: str, device_class: str, quant: str | None = None) -> EngineP
     return base
 
 
+# llama.cpp's CPU decode attention without flash attention (`-fa off`, llama-cpp-python's
+# default): 0.6 of the matrix rate, where its profile has the tools' default, on (0.35)
+_CPU_ATTN_REL_NO_FLASH = 0.6
+
+
+def for_scenario(s: Scenario) -> EngineProfile:
+    """`profile` for a scenario: its engine, device class and stored format, and the workload's
+    engine settings (llama.cpp's flash attention, `Workload.flash_attn`)."""
+    prof = profile(s.engine, s.device.device_class, s.quant)
+    if s.engine == "llama.cpp" and s.workload.flash_attn is False:
+        cpu = s.device.device_class == "cpu"
+        return replace(prof, score_buffer=True,
+                       attn_rel=_CPU_ATTN_REL_NO_FLASH if cpu else prof.attn_rel)
+    return prof
+
+
 # ggml-style decode (llama.cpp, the lite runtime) on a CPU by stored format, relative to the block
 # formats: F16 weights are widened to f32 and multiplied against f32 activations, the blocks' ints
 # against int8 ones. Component measurement (the lite runtime's tf_linear, one token, a 4096 x 4096
@@ -177,21 +196,24 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
     cpu = device_class == "cpu"
     if engine == "llama.cpp":
         if cpu:
-            # attn_rel: decode attention at 0.6 of the matrix rate (without the weights' format
-            # factor: it multiplies the f16 K/V). llama-bench -p 0 -n 64 -r 3 on the default
-            # model as Q4_0 / Q4_1 / F16 at depth 0, 512 and 1,536, 1 and 2 threads, flash
-            # attention off and on (the vendored build, this EPYC VM, 2026-12-07 04:08-04:11
-            # UTC): 1,536 positions added 4.5-5.8 ms a token at one thread and 3.4-3.6 ms at two
-            # with it off (F16: 9.6 / 2.5, its runs noisier); the base adds 5.7-5.8 / 3.0-3.8 ms
-            # at 0.6, 3.4-3.6 / 2.1-2.5 ms at 1 (the value until then). With it on, llama.cpp's
-            # own tools' default on a CPU, the same positions added 8.9-10.4 / 4.2-6.1 ms. The
-            # bench's llama.cpp rows (llama-cpp-python) grow as with it off (Q4_0, one thread:
-            # +6.2 ms from a 16- to a 1,536-token prompt), so 0.6 is the rate here; a CPU
-            # user of llama-server decodes long contexts slower than this predicts. Decode
-            # held out by device (one-off folds, 2026-12-07 04:17-04:24 UTC):
-            # 10.28% -> 10.21%; this machine's llama.cpp rows 10.6 / 14.9% -> 8.8 / 13.4% (1 / 2
-            # threads), the Xeon's 10.5% -> 9.9%. (0.6 with the format factor, 2026-12-04,
-            # against an older base: 16.1% -> 16.4%, the llmfit Xeon's rows 26% -> 33%.)
+            # attn_rel: decode attention at 0.35 of the matrix rate with flash attention, the
+            # tools' default (0.6 without: `_CPU_ATTN_REL_NO_FLASH`), the rate without the
+            # weights' format factor (it multiplies the f16 K/V). llama-bench -p 0 -n 64 -r 3
+            # on the default model as Q4_0 / Q4_1 / F16 at depth 0, 512 and 1,536, 1 and 2
+            # threads (the vendored build, this EPYC VM, 2026-12-07 04:08-04:11 UTC): with
+            # flash attention 1,536 positions added 8.9-10.4 ms a token at one thread and
+            # 4.2-6.1 ms at two; the base adds 8.8-9.8 / 4.4-6.4 ms at 0.35. Without it 4.5-5.8
+            # / 3.4-3.6 ms (F16: 9.6 / 2.5, its runs noisier); the base adds 5.7-5.8 / 3.0-3.8
+            # ms at 0.6, 3.4-3.6 / 2.1-2.5 ms at 1 (the value until then, with the format's
+            # factor). The bench's llama.cpp rows (llama-cpp-python, flash attention off by
+            # default) grow as without it (Q4_0, one thread: +6.2 ms from a 16- to a 1,536-token
+            # prompt). Decode held out by device (one-off folds, 2026-12-07 04:17-04:24 UTC)
+            # with 0.6 for those rows: 10.28% -> 10.21%; this machine's llama.cpp rows 10.6 /
+            # 14.9% -> 8.8 / 13.4% (1 / 2 threads), the Xeon's 10.5% -> 9.9%. (0.6 with the
+            # format factor, 2026-12-04, against an older base: 16.1% -> 16.4%, the llmfit
+            # Xeon's rows 26% -> 33%.)
+            # score_buffer: with flash attention a prompt call holds no heads x positions
+            # scores (see the GPU profile below).
             # sync_s_per_thread_layer: ggml's CPU threads meet at a barrier after every node of
             # the graph (views and reshapes included), ~25-30 nodes a layer in a decode step,
             # and a barrier costs more the more threads spin on it: llama.cpp's own
@@ -208,7 +230,7 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
             # Apple 6.23% -> 5.90%, the Xeon 15.7% -> 12.8% (docs/predictor.md).
             return EngineProfile(0.6, 0.5, 0.3, 4e-4, 2e-5, 0.01, 90, 0, False, "layer_split",
                                  tokenizer_bytes_per_token=300, sync_s_per_thread_layer=1e-5,
-                                 attn_rel=0.6, **_LLAMA_CPP)
+                                 attn_rel=0.35, score_buffer=False, **_LLAMA_CPP)
         # device_margin_mb: llama.cpp's `--fit` (on by default since late 2025) places layers so
         # that 1024 MiB stay free on each GPU (`--fit-target`). With it, the llmfit table's
         # 12 GB and 8 GB cards held out by device: 29.7% -> 22.9% and 21.3% -> 18.5% decode MAPE

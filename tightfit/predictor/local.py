@@ -50,8 +50,10 @@ def calibration_scenario(s: Scenario, run: dict[str, Any]) -> Scenario | None:
     if model is None:
         return None
     quant = str(run["quant"])
+    # calibrate runs llama.cpp through llama-cpp-python, without flash attention
     wl = Workload(int(run["prompt_tokens"]), int(run["gen_tokens"]), 1,
-                  int(run["prompt_tokens"]) + int(run["gen_tokens"]))
+                  int(run["prompt_tokens"]) + int(run["gen_tokens"]),
+                  flash_attn=False if run.get("engine") == "llama.cpp" else None)
     return replace(s, id=f"{s.id}:calibration", model=model, quant=quant,
                    bits_per_weight=stored_bits(quant, model), workload=wl, notes=(),
                    embed_bits=None)

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 
 from tightfit.predictor import memory
-from tightfit.predictor.engines import EngineProfile, profile
+from tightfit.predictor.engines import EngineProfile, for_scenario, profile
 from tightfit.predictor.formats import FLOAT_WEIGHTS
 from tightfit.predictor.memory import MemoryEstimate
 from tightfit.predictor.scenario import Scenario
@@ -228,7 +228,7 @@ def prefill_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tupl
 
 def analyse(s: Scenario) -> Breakdown:
     """The analytic base for one scenario."""
-    prof = profile(s.engine, s.device.device_class, s.quant)
+    prof = for_scenario(s)
     mem = memory.estimate(s, prof)
     dec, step_bytes, step_flops = decode_phase(s, prof, mem)
     pre, pre_flops = prefill_phase(s, prof, mem)

@@ -43,9 +43,18 @@ class Workload:
     # to host RAM first: llama.cpp's `--fit`, or `--n-cpu-moe` / `-ot exps=CPU`), "layers"
     # (whole layers: an explicit `-ngl`, which turns `--fit` off); None: the engine's default
     moe_offload: str | None = None
+    # llama.cpp's flash attention (`-fa on|off|auto`): None = its tools' default, "auto",
+    # which turns it on wherever the backend runs the fused operation (CPU, CUDA, ROCm, Vulkan,
+    # Metal); llama-cpp-python's `Llama(flash_attn=False)` turns it off
+    flash_attn: bool | None = None
 
 
 MOE_OFFLOAD = ("experts", "layers")  # Workload.moe_offload's choices
+FLASH_ATTN = {True: True, False: False, "on": True, "off": False, "auto": None}
+# the context from which a llama.cpp CPU prediction says which flash-attention setting it took
+# (1,024 positions add ~4 ms a token to the default model's ~7-10 ms step with it on, ~2.5
+# without: engines._CPU_ATTN_REL_NO_FLASH)
+FLASH_ATTN_NOTE_CONTEXT = 1024
 
 
 @dataclass(frozen=True)
@@ -106,6 +115,12 @@ def parse_row(row: Any) -> Scenario:
     if embed_bits is not None:
         notes.append(f"token embedding and output head at {embed_bits:g} bits (the format's "
                      "tag), the rest as the preset stores it")
+    if engine == "llama.cpp" and device.device_class == "cpu" and workload.flash_attn is None \
+            and workload.context_tokens >= FLASH_ATTN_NOTE_CONTEXT:
+        notes.append("llama.cpp's flash attention taken as on (its tools' default, -fa auto): "
+                     "on a CPU it decodes a long context slower than without it; for "
+                     "llama-cpp-python (off by default) or -fa off set workload.flash_attn "
+                     "to false")
     return Scenario(str(rid), device, model, quant, bpw, engine, workload, widen, tuple(notes),
                     embed_bits)
 
@@ -403,5 +418,12 @@ def _workload(w: Any) -> Workload:
                        f"{moe!r} is not one of {', '.join(repr(m) for m in MOE_OFFLOAD)}: \"experts\" "
                        "puts routed experts in host RAM first (llama.cpp's default --fit), "
                        "\"layers\" whole layers (an explicit -ngl)")
-    return Workload(prompt, gen, ints["batch"] or 1, max(ctx, prompt + gen), kv, moe)
+    fa = w.get("flash_attn")
+    key = fa.lower() if isinstance(fa, str) else fa
+    if fa is not None and (not isinstance(key, (bool, str)) or key not in FLASH_ATTN):
+        raise RowError("workload.flash_attn",
+                       f"{fa!r} is not true, false, \"on\", \"off\" or \"auto\" (llama.cpp's "
+                       "-fa); leave it out for the engine's default (on where the backend has it)")
+    return Workload(prompt, gen, ints["batch"] or 1, max(ctx, prompt + gen), kv, moe,
+                    None if fa is None else FLASH_ATTN[key])
 
