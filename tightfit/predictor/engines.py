@@ -204,8 +204,8 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
             # flash attention 1,536 positions added 8.9-10.4 ms a token at one thread and
             # 4.2-6.1 ms at two; the base adds 8.8-9.8 / 4.4-6.4 ms at 0.35. Without it 4.5-5.8
             # / 3.4-3.6 ms (F16: 9.6 / 2.5, its runs noisier); the base adds 5.7-5.8 / 3.0-3.8
-            # ms at 0.6, 3.4-3.6 / 2.1-2.5 ms at 1 (the value until then, with the format's
-            # factor). The bench's llama.cpp rows (llama-cpp-python, flash attention off by
+            # ms at 0.6, 3.4-3.6 / 2.1-2.5 ms at 1 (the value until then, which also took the
+            # format's factor). The bench's llama.cpp rows (llama-cpp-python, flash attention off by
             # default) grow as without it (Q4_0, one thread: +6.2 ms from a 16- to a 1,536-token
             # prompt). Decode held out by device (one-off folds, 2026-12-07 04:17-04:24 UTC)
             # with 0.6 for those rows: 10.28% -> 10.21%; this machine's llama.cpp rows 10.6 /
