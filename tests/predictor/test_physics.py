@@ -258,6 +258,25 @@ def test_ggml_f16_decode_on_a_cpu_computes_slower_so_a_second_thread_helps_more(
         engines.profile("tightfit", "cpu", "q8_0").decode_comp_eff  # torch's own kernels
 
 
+def test_llama_cpp_float_decode_on_a_cpu_overlaps_reads_and_arithmetic_more() -> None:
+    """llama.cpp's F16 step on a CPU is near the p = 3 norm of its reads and arithmetic timed
+    alone, its Q8_0 step near their sum: on the base's effective terms F16 takes a larger p
+    (roofline.FLOAT_OVERLAP_P), the block formats and every other engine and device the
+    default."""
+    def phase(quant: str, engine: str = "llama.cpp", kind: str = "cpu") -> roofline.Phase:
+        hw = {"name": "x", "kind": kind, "memory_gb": 23.5, "memory_bandwidth_gbps": 38.0,
+              "fp16_tflops": 0.1, "cpu_cores": 1}
+        return roofline.analyse(parse_row({"id": "x", "hardware": hw, "model": "SmolLM2-135M",
+                                           "quant": quant, "engine": engine,
+                                           "workload": {"prompt_tokens": 16,
+                                                        "gen_tokens": 64}})).decode
+
+    f16, q8 = phase("F16"), phase("Q8_0")
+    assert f16.p == roofline.FLOAT_OVERLAP_P > 3 and q8.p == 3
+    assert max(f16.mem_s, f16.comp_s) < f16.roof_s < (f16.mem_s ** 3 + f16.comp_s ** 3) ** (1 / 3)
+    assert phase("F16", engine="lite").p == 3 and phase("F16", kind="gpu").p == 3
+
+
 def test_llama_cpp_cpu_barriers_cost_more_with_more_threads() -> None:
     """ggml's CPU threads meet at a barrier after every graph node, and a barrier costs more the
     more threads spin on it: a step's overhead grows with the threads, which matters for a small

@@ -15,6 +15,19 @@ from tightfit.predictor.memory import MemoryEstimate
 from tightfit.predictor.scenario import Scenario
 
 _P = 3.0
+# llama.cpp's decode kernels on a CPU overlap their weight reads with their arithmetic more for
+# float weights than for blocks. Timed on this EPYC at one thread (llama-bench, the default
+# model, 2026-12-07 01:42-01:44 UTC, "Graph operations of a recurrent layer"): Q8_0's step is
+# its reads at the copy rate plus its arithmetic at its in-cache kernel rate (12.6 ms, measured
+# 12.5: p ~1), F16's near their p = 3 norm (13.4 ms, the sum 21). The base's terms are
+# effective rates (its compute terms 1.3-1.35x, its read terms ~1.1x those components), on
+# which the sweep's rows read F16 at 0.84-0.88 of measured on both CPUs with p = 3 and the
+# block formats at 0.88-1.26; p = 8 for float weights puts F16 at 0.92-0.95 and leaves the
+# blocks, and p = 2 for the blocks as well moved the llmfit CPU's Q4_K_M rows 9.2% -> 11.2%.
+# Decode held out by device (one-off folds, 2026-12-07 05:12-05:25 UTC): 10.21% -> 10.03%
+# (this machine's llama.cpp rows 8.8 / 13.4% -> 7.5 / 11.9% at 1 / 2 threads, the Xeon's 9.9%
+# -> 9.3%; p = 2 for the blocks too: 10.11%).
+FLOAT_OVERLAP_P = 8.0
 _HOST_EFF = 0.55        # fraction of host DRAM bandwidth llama.cpp's CPU layers reach
 _LINK_EFF = 0.8         # fraction of PCIe bandwidth reached streaming weights
 _HOP_S = 1.5e-4         # per device boundary per step (activation copy + sync)
@@ -28,10 +41,13 @@ class Phase:
     comp_s: float
     overhead_s: float
     offload_s: float
+    # how far reads and arithmetic overlap: the p of the p-norm (large: the slower one alone;
+    # 1: their sum). `_P` but for llama.cpp's float decode kernels on a CPU (`overlap_p`)
+    p: float = _P
 
     @property
     def roof_s(self) -> float:
-        return (self.mem_s ** _P + self.comp_s ** _P) ** (1 / _P)
+        return (self.mem_s ** self.p + self.comp_s ** self.p) ** (1 / self.p)
 
     @property
     def total(self) -> float:
@@ -39,9 +55,9 @@ class Phase:
 
     def shares(self) -> dict[str, float]:
         """Share of the phase's time per cause; sums to 1."""
-        denom = self.mem_s ** _P + self.comp_s ** _P
+        denom = self.mem_s ** self.p + self.comp_s ** self.p
         roof = self.roof_s
-        mem = roof * (self.mem_s ** _P / denom) if denom > 0 else 0.0
+        mem = roof * (self.mem_s ** self.p / denom) if denom > 0 else 0.0
         parts = {"memory_bandwidth": mem, "compute": roof - mem,
                  "overhead": self.overhead_s, "offload_transfer": self.offload_s}
         tot = sum(parts.values()) or 1.0
@@ -165,7 +181,16 @@ def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple
     # more than an attention layer: ModelSpec.layer_ops)
     ovh = _layer_overhead_s(prof, s) * m.n_layers * m.layer_ops + prof.step_overhead_s + \
         _HOP_S * (d.device_count - 1)
-    return Phase(mem_s, comp_s, ovh, off), step_bytes, flops
+    return Phase(mem_s, comp_s, ovh, off, overlap_p(s)), step_bytes, flops
+
+
+def overlap_p(s: Scenario) -> float:
+    """The p-norm's p of a decode step (Phase.p): `FLOAT_OVERLAP_P` for llama.cpp's float
+    weights on a CPU, `_P` elsewhere."""
+    if s.engine == "llama.cpp" and s.device.device_class == "cpu" \
+            and s.quant.lower() in FLOAT_WEIGHTS:
+        return FLOAT_OVERLAP_P
+    return _P
 
 
 def _layer_overhead_s(prof: EngineProfile, s: Scenario) -> float:
