@@ -215,8 +215,10 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
             # score_buffer: with flash attention a prompt call holds no heads x positions
             # scores (see the GPU profile below).
             # sync_s_per_thread_layer: ggml's CPU threads meet at a barrier after every node of
-            # the graph (views and reshapes included), ~25-30 nodes a layer in a decode step,
-            # and a barrier costs more the more threads spin on it: llama.cpp's own
+            # the graph that runs (this was first written with views and reshapes counted, ~25-30
+            # a layer; ggml skips those, and a Llama layer's decode step runs 19:
+            # architectures.RECURRENT_OPS, 2026-12-07), and a barrier costs more the more
+            # threads spin on it: llama.cpp's own
             # test-barrier, 2,000 nodes on an EPYC, reads ~2.0 us a node at 4 threads and
             # ~3.0 us at 8 (its threadpool pull request), ~0.25 us a thread; x ~30 nodes: 10 us a
             # layer per thread (5 us also tried). The barrier pull request's own table agrees:
