@@ -73,7 +73,16 @@ class ServerProcessBackend(CompletionsClient, Backend):
         if self.proc.poll() is not None:
             raise TightfitError(f"{self.name} exited with {self.proc.returncode}: "
                                 f"{self._log_tail()}")
-        return self.drive(requests, arrival)
+        try:
+            return self.drive(requests, arrival)
+        except httpx.HTTPError as e:
+            # a server that died mid-run says why in its own log, not in the client's error
+            try:
+                self.proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                raise e from None
+            raise TightfitError(f"{self.name} exited with {self.proc.returncode} during the "
+                                f"run ({type(e).__name__}): {self._log_tail()}") from e
 
     def server_pid(self) -> int | None:
         return self.proc.pid

@@ -66,12 +66,22 @@ class CompletionsClient:
 
     async def _one(self, client: Any, r: BenchRequest, at: float, t0: float) -> Timing:
         t = Timing(r.index, len(r.prompt_ids), r.max_tokens, r.priority, at)
-        async with client.stream("POST", "/v1/completions", json=self.request_body(r)) as resp:
-            if resp.status_code != 200:
-                t.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode()[:200]}"
-                return t
-            async for line in resp.aiter_lines():
-                on_line(line, t, t0)
+        for attempt in (1, 2):
+            try:
+                async with client.stream("POST", "/v1/completions",
+                                         json=self.request_body(r)) as resp:
+                    if resp.status_code != 200:
+                        t.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode()[:200]}"
+                        return t
+                    async for line in resp.aiter_lines():
+                        on_line(line, t, t0)
+                break
+            except (httpx.RemoteProtocolError, httpx.ReadError):
+                # A kept-alive connection the server closed as the request went out (llama-server
+                # does, now and then): nothing was answered, so the request is sent once more
+                # on a new connection, the wait counted in its TTFT.
+                if attempt == 2 or t.first_token_s is not None:
+                    raise
         t.finished_s = time.perf_counter() - t0
         return t
 
