@@ -148,3 +148,53 @@ def test_calibrated_split_scales_the_calibration_engines_block_formats_only(tmp_
     assert got[k].decode_tok_s == pytest.approx(before[k].decode_tok_s * factor)
     for k in (("f32", "decode_tok_s"), ("hf", "decode_tok_s")):
         assert got[k].decode_tok_s == before[k].decode_tok_s
+
+
+def _batch_row(make_row, rid, inflight, **changes):
+    base = {"id": rid, "run_key": rid, "workload.scenario": "concurrent-16",
+            "workload.num_requests": 16, "workload.concurrency": inflight,
+            "workload.prompt_tokens_mean": 30.0, "workload.gen_tokens_mean": 64.0,
+            "workload.gen_tokens_max": 64, "results.output_tokens_total": 16 * 64,
+            "results.decode_tok_s": 40.0 * inflight ** 0.5, "model.weight_format": "native"}
+    return make_row(**{**base, **changes})
+
+
+def test_closed_loop_batches_become_batched_decode_observations(tmp_path, make_row):
+    """`batched`: a closed loop of equal generations is one aggregate decode observation at the
+    batch the engine ran (the requests in flight, capped by its slots; one in flight is the
+    harness's single stream); the fit's single-request rows, open loops, unequal or cut-short
+    generations are dropped, each counted."""
+    from tightfit.predictor import report
+    from tightfit.predictor.evaluate import analytic_only
+
+    rows = [_batch_row(make_row, "c1", 1), _batch_row(make_row, "c4", 4),
+            _batch_row(make_row, "c16", 16),
+            _batch_row(make_row, "capped", 16, **{"config.max_num_seqs": 8,
+                                                  "model.name": "other"}),
+            _batch_row(make_row, "open", 8, **{"workload.arrival": "poisson"}),
+            _batch_row(make_row, "uneven", 8, **{"workload.gen_tokens_max": 80}),
+            _batch_row(make_row, "cut", 8, **{"results.output_tokens_total": 900}),
+            _decode_row(make_row, "single")]
+    obs, dropped = datasets.load_own([_write(tmp_path, rows)], batched=True)
+    by = {o.scenario.id.split("-", 1)[1]: o for o in obs}
+    assert set(by) == {"c1", "c4", "c16", "capped"}
+    assert {o.metric for o in obs} == {"decode_tok_s"}
+    assert [by[k].scenario.workload.batch for k in ("c1", "c4", "c16", "capped")] == [1, 4, 16, 8]
+    w = by["c16"].scenario.workload
+    assert (w.prompt_tokens, w.gen_tokens, w.context_tokens) == (30, 64, 94)
+    assert by["c16"].value == pytest.approx(160.0)
+    assert dropped == {"not a closed-loop batch of equal generations": 3,
+                       "one stream (scored without --batched)": 1}
+    # the batch model: the weights are read once a step for the whole batch, so the aggregate
+    # rate does not fall with the batch, and each stream's does
+    rate = {o.scenario.workload.batch: p.decode_tok_s for o, p in analytic_only(obs)
+            if o.scenario.model.name == "default"}
+    assert rate[16] >= rate[4] and rate[16] / 16 < rate[4] / 4
+    # without `batched` the same file gives the single stream only
+    single, _ = datasets.load_own([_write(tmp_path, rows)])
+    assert {o.scenario.workload.batch for o in single} == {1}
+    per = report._per_batch(analytic_only(obs))
+    assert set(per) == {f"tightfit batch {b}" for b in (1, 4, 8, 16)}
+    assert per["tightfit batch 16"]["n"] == 1 and per["tightfit batch 16"]["ratio_median"] > 0
+    text = report.render({"n_observations": len(obs), "rules": dict(dropped), "per_batch": per})
+    assert "aggregate decode per engine and batch" in text and "tightfit batch 16" in text

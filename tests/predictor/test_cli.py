@@ -227,3 +227,17 @@ def test_calibrate_without_llama_cpp_says_what_is_missing(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as if not installed
     with pytest.raises(TightfitError, match="llama-cpp-python is not installed"):
         calibrate.engine_run(1, "llama.cpp")
+
+
+def test_score_batched_reads_the_measured_batches(capsys) -> None:
+    """`tightfit predictor score --batched` on the shipped batch sweep: every run a closed-loop
+    batch, scored per engine and batch; a missing file is a user error naming the path."""
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "data" / "measurements" / "batch-epyc.jsonl"
+    assert main(["predictor", "score", "--batched", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "observations: 80" in out and "aggregate decode per engine and batch" in out
+    assert "tightfit batch 16" in out and "llama.cpp batch 1 " in out
+    assert main(["predictor", "score", "--batched", "nope.jsonl"]) == 2
+    assert "'nope.jsonl' does not exist" in capsys.readouterr().err

@@ -41,6 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                                       "(new measurements before they join the fit)")
     sc.add_argument("measurements", nargs="+", metavar="FILE",
                     help="tightfit dataset JSONL, e.g. data/measurements/cpu-2core.jsonl")
+    sc.add_argument("--batched", action="store_true",
+                    help="score the closed-loop concurrent runs (aggregate decode tok/s at the "
+                         "batch the engine ran) instead of the single-stream ones")
     sc.add_argument("--json", action="store_true", help="print the results as JSON")
     sc.set_defaults(func=run_score)
     fit = sub.add_parser("fit", help="fit on all shipped data and save the model JSON")
@@ -83,7 +86,7 @@ def run_score(args: argparse.Namespace) -> int:
         if not Path(path).is_file():
             raise TightfitError(f"{path!r} does not exist: give a dataset JSONL such as "
                                 "data/measurements/cpu-2core.jsonl")
-    result = report.score(tuple(args.measurements))
+    result = report.score(tuple(args.measurements), batched=args.batched)
     print(json.dumps(result, indent=1, default=str) if args.json else report.render(result))
     return 0
 

@@ -6,7 +6,7 @@ scenarios far from the training data fall back towards physics instead of extrap
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tightfit.predictor import attribution, engines, features, memory, roofline
 from tightfit.predictor.memory import GB
@@ -16,6 +16,9 @@ from tightfit.predictor.scenario import Scenario
 
 MAX_RESIDUAL = 1.5
 MEMORY_BAND = 0.15
+# The prompt whose predicted rate a batch's further sequences run at (`batched_step`): long
+# enough that the weights' reads and the per-call costs are spread thin, as a llama.cpp call
+BATCH_REF_PROMPT = 512
 
 
 @dataclass(frozen=True)
@@ -48,11 +51,42 @@ def residual(model: ResidualModel, s: Scenario, b: Breakdown, phase: str) -> flo
     return max(-MAX_RESIDUAL, min(MAX_RESIDUAL, r))
 
 
+def batched_step(s: Scenario, model: PredictorModel, b: Breakdown) -> float:
+    """One decode step of a batch of `workload.batch` sequences: the step of one sequence (base
+    x residual, what the fit's single-stream rows describe), and for each further sequence its
+    multiply-adds at the rate a prompt runs (base x residual of a BATCH_REF_PROMPT-token
+    prompt: a step of B sequences multiplies every weight by B columns, as a prompt call does
+    with its tokens, and reads it once) plus its own K/V read at the step's byte rate, plus
+    what the batch's larger K/V pushes off the device.
+
+    Measured (data/measurements/batch-epyc.jsonl, docs/predictor.md "Batched decode"): on the
+    2-core EPYC, tightfit's Q4_1 step grows by 3.5 ms a further sequence at one thread and 2.0
+    ms at two, 77 and 135 GFLOP/s, where its prompts run 80-84 and 140-154; the base's batch
+    model before (every sequence's FLOPs at the single stream's matrix-vector rate) put the
+    aggregate rate of 16 sequences at 0.45 of measured."""
+    w = s.workload
+    one = replace(s, workload=replace(w, batch=1))
+    b1 = roofline.analyse(one)
+    t1 = b1.decode.total / math.exp(residual(model.decode, one, b1, "decode"))
+    ref = replace(s, workload=replace(w, batch=1, prompt_tokens=BATCH_REF_PROMPT, gen_tokens=1,
+                                      context_tokens=max(w.context_tokens, BATCH_REF_PROMPT + 1)))
+    bref = roofline.analyse(ref)
+    t_ref = bref.prefill.total / math.exp(residual(model.prefill, ref, bref, "prefill"))
+    # a sequence's decode FLOPs (the output head's included: a prompt runs it once) at the
+    # FLOP rate the reference prompt runs at
+    per_seq = b1.flops_per_step * t_ref / bref.prefill_flops
+    weights = memory.active_weight_bytes(one, engines.for_scenario(one))
+    own_kv = b1.decode.mem_s * max(b1.bytes_per_step - weights, 0.0) / b1.bytes_per_step
+    pushed_off = max(b.decode.offload_s - b1.decode.offload_s, 0.0)
+    return t1 + (w.batch - 1) * (per_seq + own_kv) + pushed_off
+
+
 def predict_scenario(s: Scenario, model: PredictorModel,
                      observed: dict[str, float] | None = None) -> Prediction:
     b = roofline.analyse(s)
     w = s.workload
-    t_step = b.decode.total / math.exp(residual(model.decode, s, b, "decode"))
+    t_step = b.decode.total / math.exp(residual(model.decode, s, b, "decode")) \
+        if w.batch == 1 else batched_step(s, model, b)
     t_pre = b.prefill.total / math.exp(residual(model.prefill, s, b, "prefill")) if w.prompt_tokens else 0.0
     ttft = t_pre + b.request_overhead_s + (t_step if w.prompt_tokens == 0 else 0.0)
     prefill = w.batch * w.prompt_tokens / t_pre if t_pre > 0 else None

@@ -395,12 +395,34 @@ def sitting_probes(measurements: list[Any]) -> dict[tuple[Any, ...], dict[str, f
     return {k: {f: statistics.median(v) for f, v in d.items()} for k, d in got.items()}
 
 
-def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:
+def _batched_workload(m: Any) -> int | None:
+    """The batch a concurrent run decoded at, or None where the run is not one the batch model
+    describes: a closed loop (each finished request replaced at once) of several requests,
+    generating the same number of tokens each (`gen_tokens_max` = mean), so that the requests
+    of a round finish in one step and the next round's prompts run while none decodes
+    (`bench.metrics`: the decode rate is over the union of the requests' decoding intervals).
+    The batch is the requests in flight (one: the same harness's single stream), capped by the
+    engine's sequence slots."""
+    w, c, r = m.workload, m.config, m.results
+    inflight = w.concurrency or 1
+    if w.arrival != "closed" or w.num_requests < max(inflight, 2) \
+            or not w.gen_tokens_max or w.gen_tokens_mean != w.gen_tokens_max \
+            or r.output_tokens_total != w.num_requests * w.gen_tokens_max:
+        return None
+    return min(inflight, c.max_num_seqs or inflight)
+
+
+def load_own(paths: list[str | Path], batched: bool = False
+             ) -> tuple[list[Observation], Counter[str]]:
     """Single-stream runs of tightfit's dataset -> observations (decode tok/s, prefill tok/s,
     TTFT, peak memory). Rules, each counted: failed runs, runs with more than one stream (the
     predictor's contract is batch 1 here), runs the harness flagged as contended, and backends
     the predictor has no engine for. Repeats of one configuration (a sweep's `repeats`) become
-    one observation per metric, the median of the repeats (counted as merged)."""
+    one observation per metric, the median of the repeats (counted as merged).
+
+    `batched`: the closed-loop concurrent runs instead (`_batched_workload`), one observation
+    each of the aggregate decode rate, with the batch the engine ran; single-stream runs are
+    then the ones dropped. For scoring the batch model (`report.score`), not for the fit."""
     from tightfit.data import read_measurements
 
     dropped: Counter[str] = Counter()
@@ -412,7 +434,13 @@ def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:
         if m.status != "ok" or r is None:
             dropped["failed run"] += 1
             continue
-        if (w.concurrency or 1) > 1 or w.num_requests > 1 or w.scenario != "decode":
+        single = (w.concurrency or 1) == 1 and w.num_requests == 1 and w.scenario == "decode"
+        batch = _batched_workload(m) if batched else None
+        if batched and batch is None:
+            dropped["not a closed-loop batch of equal generations" if not single
+                    else "one stream (scored without --batched)"] += 1
+            continue
+        if not batched and not single:
             dropped["more than one request or stream"] += 1
             continue
         if m.contended:
@@ -429,7 +457,10 @@ def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:
         bpw = stored_bits(quant, model)
         prompt = int(w.prompt_tokens_mean)
         gen = max(1, int(r.output_tokens_total or 1))
-        wl = Workload(prompt, gen, 1, prompt + gen, flash_attn=_BACKEND_FLASH_ATTN.get(c.backend))
+        if batch is not None:
+            gen = int(w.gen_tokens_mean)
+        wl = Workload(prompt, gen, batch or 1, prompt + gen,
+                      flash_attn=_BACKEND_FLASH_ATTN.get(c.backend))
         device = own_device(m.hardware, sittings.get(_sitting(m)))
         sc = Scenario(f"tightfit-{m.id}", device, model, quant, bpw, engine, wl)
         key = hardware.normalise_name(device.name)
@@ -439,8 +470,10 @@ def load_own(paths: list[str | Path]) -> tuple[list[Observation], Counter[str]]:
                   "peak_memory_gb": None if r.peak_rss_mib is None else r.peak_rss_mib / 1024}
         if prompt < 128:  # prefill rate of a short prompt is mostly fixed overhead
             values["prefill_tok_s"] = None
+        if batch is not None:  # the aggregate decode rate only: prompts and memory are shared
+            values = {"decode_tok_s": r.decode_tok_s}
         config = (key, c.backend, md.name, quant, c.kv_dtype, prompt, w.gen_tokens_mean,
-                  w.scenario)
+                  w.scenario, batch)
         if config in groups:
             groups[config][-1].append(values)
             dropped["repeat merged into its configuration's median"] += 1

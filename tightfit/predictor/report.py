@@ -9,6 +9,7 @@ seeded folds to keep the run short).
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 from tightfit.predictor import datasets, evaluate, features
@@ -62,17 +63,38 @@ def run(splits: tuple[str, ...] = ("device", "model"), screen: bool = True,
     return out
 
 
-def score(measurements: tuple[str, ...]) -> dict[str, Any]:
+def score(measurements: tuple[str, ...], batched: bool = False) -> dict[str, Any]:
     """The shipped model, as it is, against measured single-stream runs (nothing is fitted):
     scores per engine. For new measurements (another day, a changed engine) before they join
-    the fit; in-sample for runs the model was fitted on."""
+    the fit; in-sample for runs the model was fitted on. `batched`: the closed-loop concurrent
+    runs instead (datasets.load_own), the aggregate decode rate against the batch model, also
+    per engine and batch (`per_batch`: with the median of predicted / measured)."""
     from tightfit.predictor import artefact, core
 
-    obs, rules = datasets.load_own(list(measurements))
+    obs, rules = datasets.load_own(list(measurements), batched=batched)
     model = artefact.load()
     pairs = [(o, core.predict_scenario(o.scenario, model)) for o in obs]
-    return {"rules": dict(rules), "n_observations": len(obs),
-            "per_engine": {"score": _per_engine(pairs)}}
+    out = {"rules": dict(rules), "n_observations": len(obs),
+           "per_engine": {"score": _per_engine(pairs)}}
+    if batched:
+        out["per_batch"] = _per_batch(pairs)
+    return out
+
+
+def _per_batch(pairs: list[Any]) -> dict[str, dict[str, float]]:
+    """Decode scores per (engine, batch), with the median of predicted / measured."""
+    groups: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for o, p in pairs:
+        got = evaluate.predicted(o, p)
+        if o.metric == "decode_tok_s" and got is not None:
+            groups.setdefault((o.scenario.engine, o.scenario.workload.batch), []).append(
+                (got, o.value))
+    res = {}
+    for (engine, batch), sel in sorted(groups.items()):
+        sc = evaluate.scores([a for a, _ in sel], [b for _, b in sel]).as_dict()
+        sc["ratio_median"] = statistics.median(a / b for a, b in sel)
+        res[f"{engine} batch {batch}"] = sc
+    return res
 
 
 def _per_engine(pairs: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
@@ -137,6 +159,12 @@ def render(result: dict[str, Any]) -> str:
             for metric, s in table.items():
                 lines.append(f"{machine[:40]:40s}{metric:16s}{s['n']:5d}{_fmt(s['mape']):>8s}"
                              f"{_fmt(s['max']):>8s}")
+    if "per_batch" in result:
+        lines += ["", "[the shipped model: aggregate decode per engine and batch]",
+                  f"{'engine, batch':32s}{'n':>5s}{'MAPE%':>8s}{'max%':>8s}{'pred/meas':>11s}"]
+        for d, s in result["per_batch"].items():
+            lines.append(f"{d[:32]:32s}{s['n']:5d}{_fmt(s['mape']):>8s}{_fmt(s['max']):>8s}"
+                         f"{s['ratio_median']:>11.2f}")
     if "per_device" in result:
         lines += ["", "[held_out_device: decode per device]", f"{'device':32s}{'n':>5s}{'MAPE%':>8s}{'max%':>8s}"]
         for d, s in result["per_device"].items():
