@@ -178,7 +178,9 @@ def test_closed_loop_batches_become_batched_decode_observations(tmp_path, make_r
     obs, dropped = datasets.load_own([_write(tmp_path, rows)], batched=True)
     by = {o.scenario.id.split("-", 1)[1]: o for o in obs}
     assert set(by) == {"c1", "c4", "c16", "capped"}
-    assert {o.metric for o in obs} == {"decode_tok_s"}
+    assert {o.metric for o in obs} == {"decode_tok_s", "peak_memory_gb"}
+    obs = [o for o in obs if o.metric == "decode_tok_s"]
+    by = {o.scenario.id.split("-", 1)[1]: o for o in obs}
     assert [by[k].scenario.workload.batch for k in ("c1", "c4", "c16", "capped")] == [1, 4, 16, 8]
     w = by["c16"].scenario.workload
     assert (w.prompt_tokens, w.gen_tokens, w.context_tokens) == (30, 64, 94)
@@ -198,3 +200,15 @@ def test_closed_loop_batches_become_batched_decode_observations(tmp_path, make_r
     assert per["tightfit batch 16"]["n"] == 1 and per["tightfit batch 16"]["ratio_median"] > 0
     text = report.render({"n_observations": len(obs), "rules": dict(dropped), "per_batch": per})
     assert "aggregate decode per engine and batch" in text and "tightfit batch 16" in text
+
+
+def test_a_llama_cpp_servers_batch_shares_its_context(tmp_path, make_row):
+    """llama-server holds its whole `-c` from the start: a batched run's sequences are given
+    that context between them (context x batch = the server's cells), a tightfit run its
+    requests' own."""
+    rows = [_batch_row(make_row, "server", 8, **{"config.backend": "llama-server",
+                                                 "config.extra": {"ctx": 8192}}),
+            _batch_row(make_row, "engine", 8)]
+    obs, _ = datasets.load_own([_write(tmp_path, rows)], batched=True)
+    ctx = {o.scenario.id.split("-", 1)[1]: o.scenario.workload.context_tokens for o in obs}
+    assert ctx == {"server": 1024, "engine": 94}

@@ -230,14 +230,15 @@ def test_calibrate_without_llama_cpp_says_what_is_missing(monkeypatch) -> None:
 
 
 def test_score_batched_reads_the_measured_batches(capsys) -> None:
-    """`tightfit predictor score --batched` on the shipped batch sweep: every run a closed-loop
-    batch, scored per engine and batch; a missing file is a user error naming the path."""
+    """`tightfit predictor score --batched` on the shipped batch sweep: 80 closed-loop runs, a
+    decode and a peak-memory observation each, scored per engine and batch; a missing file is a
+    user error naming the path."""
     from pathlib import Path
 
     path = Path(__file__).parents[2] / "data" / "measurements" / "batch-epyc.jsonl"
     assert main(["predictor", "score", "--batched", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "observations: 80" in out and "aggregate decode per engine and batch" in out
+    assert "observations: 160" in out and "aggregate decode per engine and batch" in out
     assert "tightfit batch 16" in out and "llama.cpp batch 1 " in out
     assert main(["predictor", "score", "--batched", "nope.jsonl"]) == 2
     assert "'nope.jsonl' does not exist" in capsys.readouterr().err

@@ -1009,3 +1009,24 @@ def test_a_batch_adds_each_further_sequence_at_the_prompts_rate() -> None:
     prompt_s_per_flop = 1 / (ref.prefill_tok_s * flops_per_token)
     step_flops = 2 * 134.5e6  # SmolLM2-135M's parameters, the tied head included
     assert per_seq == pytest.approx(step_flops * prompt_s_per_flop, rel=0.1)
+
+
+def test_llama_cpp_reserves_one_call_for_a_batch_and_holds_every_sequences_cells() -> None:
+    """llama.cpp's reserved compute graph is one call of n_ubatch tokens in all, whatever the
+    sequences; its context holds every sequence's cells. llama-server with `-c 8192 -np 16` on
+    the default model measured 358-384 MiB from 1 to 16 in flight (batch-epyc.jsonl); given the
+    context x batch = 8192, the prediction reads 387-390. Before, the call's activations were
+    counted once a sequence: 547 MiB at 16."""
+    from tightfit.predictor import artefact, core
+
+    def peak(batch: int) -> float:
+        s = parse_row({"id": "x", "hardware": {"name": "cpu", "kind": "cpu", "memory_gb": 23.5,
+                                               "memory_bandwidth_gbps": 34.0,
+                                               "fp16_tflops": 0.1, "cpu_cores": 2},
+                       "model": "SmolLM2-135M", "quant": "Q4_1", "engine": "llama.cpp",
+                       "workload": {"prompt_tokens": 30, "gen_tokens": 64, "batch": batch,
+                                    "context_tokens": 8192 // batch}})
+        return core.predict_scenario(s, artefact.load()).peak_memory_gb * 1024
+
+    assert peak(16) == pytest.approx(peak(1), rel=0.03)
+    assert 357 * 0.9 < peak(16) < 384 * 1.1

@@ -420,9 +420,10 @@ def load_own(paths: list[str | Path], batched: bool = False
     the predictor has no engine for. Repeats of one configuration (a sweep's `repeats`) become
     one observation per metric, the median of the repeats (counted as merged).
 
-    `batched`: the closed-loop concurrent runs instead (`_batched_workload`), one observation
-    each of the aggregate decode rate, with the batch the engine ran; single-stream runs are
-    then the ones dropped. For scoring the batch model (`report.score`), not for the fit."""
+    `batched`: the closed-loop concurrent runs instead (`_batched_workload`), observations of
+    the aggregate decode rate and the peak memory, with the batch the engine ran (and a llama.cpp
+    server's context, `extra.ctx`, shared by the batch); single-stream runs are then the ones
+    dropped. For scoring the batch model (`report.score`), not for the fit."""
     from tightfit.data import read_measurements
 
     dropped: Counter[str] = Counter()
@@ -457,9 +458,13 @@ def load_own(paths: list[str | Path], batched: bool = False
         bpw = stored_bits(quant, model)
         prompt = int(w.prompt_tokens_mean)
         gen = max(1, int(r.output_tokens_total or 1))
+        context = prompt + gen
         if batch is not None:
             gen = int(w.gen_tokens_mean)
-        wl = Workload(prompt, gen, batch or 1, prompt + gen,
+            # a llama.cpp server holds its whole context (`-c`, every slot's cells) from the
+            # start: the batch's sequences share it (context x batch = the server's cells)
+            context = max(prompt + gen, int((c.extra or {}).get("ctx") or 0) // batch)
+        wl = Workload(prompt, gen, batch or 1, context,
                       flash_attn=_BACKEND_FLASH_ATTN.get(c.backend))
         device = own_device(m.hardware, sittings.get(_sitting(m)))
         sc = Scenario(f"tightfit-{m.id}", device, model, quant, bpw, engine, wl)
@@ -470,8 +475,8 @@ def load_own(paths: list[str | Path], batched: bool = False
                   "peak_memory_gb": None if r.peak_rss_mib is None else r.peak_rss_mib / 1024}
         if prompt < 128:  # prefill rate of a short prompt is mostly fixed overhead
             values["prefill_tok_s"] = None
-        if batch is not None:  # the aggregate decode rate only: prompts and memory are shared
-            values = {"decode_tok_s": r.decode_tok_s}
+        if batch is not None:  # the aggregate decode rate and the peak: the prompts overlap
+            values = {"decode_tok_s": r.decode_tok_s, "peak_memory_gb": values["peak_memory_gb"]}
         config = (key, c.backend, md.name, quant, c.kv_dtype, prompt, w.gen_tokens_mean,
                   w.scenario, batch)
         if config in groups:

@@ -312,16 +312,20 @@ def kv_bytes_per_token(s: Scenario, prof: EngineProfile) -> float:
 def buffer_bytes(s: Scenario, prof: EngineProfile) -> float:
     m, w = s.model, s.workload
     # activations of one prompt call: llama.cpp reserves a full call (of the context) at
-    # start-up, tightfit and lite hold the chunk they run, HF the whole prompt at once
+    # start-up, tightfit and lite hold the chunk they run, HF the whole prompt at once. A batch:
+    # llama.cpp's context holds every sequence's cells (a server's `-c`) and its reserved call
+    # is n_ubatch tokens in all, whatever the sequences; HF pads the batch's prompts together.
     chunk = prof.prompt_chunk or max(w.prompt_tokens, 1)
     if prof.reserves_chunk:
-        ubatch = min(w.context_tokens, chunk)
+        cells, calls = w.context_tokens * w.batch, 1
+        ubatch = min(cells, chunk)
     else:
+        cells, calls = w.context_tokens, w.batch
         ubatch = max(min(w.prompt_tokens, chunk), 1)
     per_token = 4 * m.hidden_size + 2 * m.intermediate_size
     if prof.score_buffer:
-        per_token += m.n_heads * min(w.context_tokens, 4096)
-    act = 4.0 * w.batch * ubatch * per_token + 4.0 * w.batch * m.vocab_size
+        per_token += m.n_heads * min(cells, 4096)
+    act = 4.0 * calls * ubatch * per_token + 4.0 * w.batch * m.vocab_size
     if prof.reserves_chunk and s.device.device_class == "discrete_gpu":
         # llama.cpp reserves its graph for a full call with every position's logits, vocab x
         # n_ubatch f32 (its log for Gemma 3 270M: "compute buffer size = 514.50 MiB", of which
