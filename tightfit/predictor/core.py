@@ -61,7 +61,8 @@ def batched_step(s: Scenario, model: PredictorModel, b: Breakdown) -> float:
 
     Measured (data/measurements/batch-epyc.jsonl, docs/predictor.md "Batched decode"): on the
     2-core EPYC, tightfit's Q4_1 step grows by 3.5 ms a further sequence at one thread and 2.0
-    ms at two, 77 and 135 GFLOP/s, where its prompts run 80-84 and 140-154; the base's batch
+    ms at two, 78 and 135 GFLOP/s with the output head counted, where its 512-token prompts
+    (the head once) run 69 and 130; the base's batch
     model before (every sequence's FLOPs at the single stream's matrix-vector rate) put the
     aggregate rate of 16 sequences at 0.45 of measured."""
     w = s.workload

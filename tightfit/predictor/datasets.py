@@ -457,9 +457,10 @@ def load_own(paths: list[str | Path], batched: bool = False
         quant = _own_quant(md.weight_format, md.file_format)
         bpw = stored_bits(quant, model)
         prompt = int(w.prompt_tokens_mean)
-        gen = max(1, int(r.output_tokens_total or 1))
-        context = prompt + gen
-        if batch is not None:
+        if batch is None:
+            gen = max(1, int(r.output_tokens_total or 1))
+            context = prompt + gen
+        else:
             gen = int(w.gen_tokens_mean)
             # a llama.cpp server holds its whole context (`-c`, every slot's cells) from the
             # start: the batch's sequences share it (context x batch = the server's cells)
