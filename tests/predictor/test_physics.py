@@ -1011,6 +1011,35 @@ def test_a_batch_adds_each_further_sequence_at_the_prompts_rate() -> None:
     assert per_seq == pytest.approx(step_flops * prompt_s_per_flop, rel=0.1)
 
 
+def test_llama_cpp_on_a_cpu_pays_a_whole_step_for_the_first_further_sequence() -> None:
+    """llama-server on the 2-core EPYC (batch-epyc.jsonl, batch-formats-epyc.jsonl): from one
+    sequence in flight to two, the step grew by 0.5-1.6x the one-sequence step (Q8_0, one
+    thread: 10.3 -> 26.9 ms; Gemma 3's Q4_K_M: 21.1 -> 45.0) -- ggml's CPU products leave their
+    matrix-vector path from two columns on -- and each sequence after that added 0.3-0.7x. The
+    batch model charges the first further sequence a whole single-stream step on a CPU; the
+    model before charged it the prompt rate (a 2-sequence step 1.3x the one-sequence step,
+    Q8_0). On a GPU llama.cpp's matrix-vector kernels take several columns: no jump there."""
+    from tightfit.predictor import artefact, core
+
+    model = artefact.load()
+
+    def tpot(batch: int, kind: str = "cpu", quant: str = "Q8_0") -> float:
+        hw = {"name": "cpu", "kind": "cpu", "memory_gb": 23.5, "memory_bandwidth_gbps": 34.0,
+              "fp16_tflops": 0.1, "cpu_cores": 1} if kind == "cpu" else {"name": "RTX 4090"}
+        s = parse_row({"id": "x", "hardware": hw, "model": "SmolLM2-135M", "quant": quant,
+                       "engine": "llama.cpp",
+                       "workload": {"prompt_tokens": 30, "gen_tokens": 64, "batch": batch,
+                                    "context_tokens": 8192 // batch}})
+        return core.predict_scenario(s, model).tpot_s
+
+    for quant in ("Q8_0", "Q4_K_M"):
+        one, two, three = tpot(1, quant=quant), tpot(2, quant=quant), tpot(3, quant=quant)
+        assert two >= 2 * one  # a whole further step, and the second sequence's own K/V
+        assert three - two < 0.8 * one  # later sequences at the prompt rate
+    g1, g2 = tpot(1, "gpu"), tpot(2, "gpu")
+    assert g2 < 1.5 * g1
+
+
 def test_llama_cpp_reserves_one_call_for_a_batch_and_holds_every_sequences_cells() -> None:
     """llama.cpp's reserved compute graph is one call of n_ubatch tokens in all, whatever the
     sequences; its context holds every sequence's cells. llama-server with `-c 8192 -np 16` on

@@ -79,7 +79,28 @@ def batched_step(s: Scenario, model: PredictorModel, b: Breakdown) -> float:
     weights = memory.active_weight_bytes(one, engines.for_scenario(one))
     own_kv = b1.decode.mem_s * max(b1.bytes_per_step - weights, 0.0) / b1.bytes_per_step
     pushed_off = max(b.decode.offload_s - b1.decode.offload_s, 0.0)
-    return t1 + (w.batch - 1) * (per_seq + own_kv) + pushed_off
+    # llama.cpp on a CPU: the first further sequence costs a whole single-stream step
+    # (`batch_leaves_vector_path`), the rest run at the prompt rate
+    first = t1 if batch_leaves_vector_path(s) else per_seq
+    return t1 + first + (w.batch - 2) * per_seq + (w.batch - 1) * own_kv + pushed_off
+
+
+def batch_leaves_vector_path(s: Scenario) -> bool:
+    """Whether a decode step of two or more sequences costs a whole further single-stream step
+    before the prompt rate takes over: llama.cpp on a CPU. ggml's CPU products take their
+    matrix-vector path for one column only; from two columns a format's batch kernel runs
+    instead: llamafile's tinyBLAS (F16, Q8_0 on x86), the repacked gemm in groups of four
+    columns with one matrix-vector pass for each column left over (Q4_0, Q4_K, IQ4_NL on AVX2),
+    or the generic dot product per row and column, which computes a whole matrix-vector
+    product again for each (Q4_1 and the other formats).
+
+    Measured (data/measurements/batch-epyc.jsonl and batch-formats-epyc.jsonl, the 2-core EPYC,
+    llama-server, 1 and 2 threads; docs/predictor.md "llama.cpp's batch kernels by format"):
+    from one sequence in flight to two the step grew by 0.5-1.6x the one-sequence step (Q8_0 at
+    one thread 10.3 -> 26.9 ms, Gemma 3's Q4_K_M 21.1 -> 45.0), where each sequence after the
+    second added 0.3-0.7x. On a GPU llama.cpp's matrix-vector kernels take up to 8 columns (CUDA's
+    mul_mat_vec_q, Metal's mul_mv), and tightfit's and HF's batches did not jump on this CPU."""
+    return s.engine == "llama.cpp" and s.device.device_class == "cpu" and s.workload.batch >= 2
 
 
 def predict_scenario(s: Scenario, model: PredictorModel,
