@@ -1014,7 +1014,7 @@ def test_a_batch_adds_each_further_sequence_at_the_prompts_rate() -> None:
 def test_llama_cpp_on_a_cpu_pays_a_whole_step_for_the_first_further_sequence() -> None:
     """llama-server on the 2-core EPYC (batch-epyc.jsonl, batch-formats-epyc.jsonl): from one
     sequence in flight to two, the step grew by 0.5-1.6x the one-sequence step (Q8_0, one
-    thread: 10.3 -> 26.9 ms; Gemma 3's Q4_K_M: 21.1 -> 45.0) -- ggml's CPU products leave their
+    thread: 10.3 -> 26.8 ms; Gemma 3's Q4_K_M: 21.1 -> 45.0) -- ggml's CPU products leave their
     matrix-vector path from two columns on -- and each sequence after that added 0.3-0.7x. The
     batch model charges the first further sequence a whole single-stream step on a CPU; the
     model before charged it the prompt rate (a 2-sequence step 1.3x the one-sequence step,

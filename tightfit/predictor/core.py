@@ -97,7 +97,7 @@ def batch_leaves_vector_path(s: Scenario) -> bool:
     Measured (data/measurements/batch-epyc.jsonl and batch-formats-epyc.jsonl, the 2-core EPYC,
     llama-server, 1 and 2 threads; docs/predictor.md "llama.cpp's batch kernels by format"):
     from one sequence in flight to two the step grew by 0.5-1.6x the one-sequence step (Q8_0 at
-    one thread 10.3 -> 26.9 ms, Gemma 3's Q4_K_M 21.1 -> 45.0), where each sequence after the
+    one thread 10.3 -> 26.8 ms, Gemma 3's Q4_K_M 21.1 -> 45.0), where each sequence after the
     second added 0.3-0.7x. On a GPU llama.cpp's matrix-vector kernels take up to 8 columns (CUDA's
     mul_mat_vec_q, Metal's mul_mv), and tightfit's and HF's batches did not jump on this CPU."""
     return s.engine == "llama.cpp" and s.device.device_class == "cpu" and s.workload.batch >= 2
