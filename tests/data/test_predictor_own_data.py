@@ -202,13 +202,17 @@ def test_closed_loop_batches_become_batched_decode_observations(tmp_path, make_r
     assert "aggregate decode per engine and batch" in text and "tightfit batch 16" in text
 
 
-def test_a_llama_cpp_servers_batch_shares_its_context(tmp_path, make_row):
-    """llama-server holds its whole `-c` from the start: a batched run's sequences are given
-    that context between them (context x batch = the server's cells), a tightfit run its
-    requests' own."""
+def test_a_llama_cpp_servers_slots_share_its_context(tmp_path, make_row):
+    """llama-server holds its whole `-c` for its `-np` slots from the start, however many
+    requests are in flight: a batched run is given the server's slots (`Workload.slots`) and
+    each slot's share of the context (slots x context = the server's cells); a tightfit run
+    its requests' own context and no slots."""
     rows = [_batch_row(make_row, "server", 8, **{"config.backend": "llama-server",
+                                                 "config.max_num_seqs": 16,
                                                  "config.extra": {"ctx": 8192}}),
             _batch_row(make_row, "engine", 8)]
     obs, _ = datasets.load_own([_write(tmp_path, rows)], batched=True)
-    ctx = {o.scenario.id.split("-", 1)[1]: o.scenario.workload.context_tokens for o in obs}
-    assert ctx == {"server": 1024, "engine": 94}
+    got = {o.scenario.id.split("-", 1)[1]: (o.scenario.workload.context_tokens,
+                                            o.scenario.workload.slots, o.scenario.workload.batch)
+           for o in obs}
+    assert got == {"server": (512, 16, 8), "engine": (94, None, 8)}

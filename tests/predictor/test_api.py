@@ -78,6 +78,8 @@ def test_unknown_device_with_bandwidth_widens_the_band(row) -> None:
     # a prompt longer than the context a server would refuse, not size the KV cache by
     (lambda r: r["workload"].update(prompt_tokens=100_000, context_tokens=4096),
      "workload.context_tokens"),
+    # fewer slots than sequences in flight: no engine decodes a sequence it does not hold
+    (lambda r: r["workload"].update(batch=8, slots=4), "workload.slots"),
 ])
 def test_bad_rows_name_the_field_and_others_still_answer(row, mutate, field) -> None:
     good = dict(copy.deepcopy(row), id="good")

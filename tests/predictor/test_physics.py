@@ -1059,3 +1059,48 @@ def test_llama_cpp_reserves_one_call_for_a_batch_and_holds_every_sequences_cells
 
     assert peak(16) == pytest.approx(peak(1), rel=0.03)
     assert 357 * 0.9 < peak(16) < 384 * 1.1
+
+
+def test_a_llama_cpp_server_holds_every_slots_cache_whatever_is_in_flight() -> None:
+    """llama-server (`-c 8192 -np 16 --kv-unified`) allocates K/V for all its slots at start.
+    Gemma 3 270M's window layers then hold the whole context: llama.cpp sizes a unified window
+    cache as min(cells, n_swa x slots + n_ubatch) = min(8192, 512 x 16 + 512). Measured on the
+    2-core EPYC (batch-epyc.jsonl, batch-holdout-epyc.jsonl): 562-613 MiB from 1 to 16 in flight;
+    given the batch alone, one sequence's window (1,024 cells) was counted, -2..-20% (Gemma 3 as
+    Q4_0: 15.3% MAPE); given the slots, -1..-10%. A hybrid's recurrent state is held for every
+    slot too, but a decode step reads only the batch's."""
+    from tightfit.predictor import artefact, core, engines
+
+    def scenario(batch: int, slots: int | None, model: str = "gemma-3-270m",
+                 ctx: int = 512) -> core.Scenario:
+        w = {"prompt_tokens": 30, "gen_tokens": 64, "batch": batch, "context_tokens": ctx}
+        if slots:
+            w["slots"] = slots
+        return parse_row({"id": "x", "hardware": {"name": "cpu", "kind": "cpu",
+                                                  "memory_gb": 23.5,
+                                                  "memory_bandwidth_gbps": 34.0,
+                                                  "fp16_tflops": 0.1, "cpu_cores": 2},
+                          "model": model, "quant": "Q4_0", "engine": "llama.cpp",
+                          "workload": w})
+
+    s1, s16 = scenario(1, 16), scenario(16, 16)
+    prof = engines.for_scenario(s1)
+    # every layer holds all 8,192 cells, whatever the sequences in flight
+    assert memory.kv_cells_held(s1, prof, 512) == pytest.approx(8192)
+    assert memory.estimate(s1, prof).kv_bytes == memory.estimate(s16, prof).kv_bytes
+    # one sequence's window alone: the window and one call on 15 of 18 layers
+    alone = memory.kv_cells_held(scenario(1, None, ctx=8192), prof, 8192)
+    assert alone == pytest.approx((3 * 8192 + 15 * 1024) / 18)
+    # two slots of 4,096: their windows and one call's cells, not a call's cells for each
+    two = memory.kv_cells_held(scenario(1, 2, ctx=4096), prof, 4096)
+    assert two == pytest.approx((3 * 8192 + 15 * (2 * 512 + 512)) / 18)
+    model = artefact.load()
+    assert core.predict_scenario(s1, model).peak_memory_gb > \
+        core.predict_scenario(scenario(1, None), model).peak_memory_gb + 0.1
+    # a hybrid's recurrent state: held for 4 slots, read for the one sequence decoding
+    h1, h4 = scenario(1, None, "qwen3.5-0.8b"), scenario(1, 4, "qwen3.5-0.8b")
+    state = h1.model.recurrent_state_bytes
+    assert state > 0
+    hp = engines.for_scenario(h1)
+    assert memory.estimate(h4, hp).state_bytes == pytest.approx(4 * state)
+    assert roofline.analyse(h4).bytes_per_step == pytest.approx(roofline.analyse(h1).bytes_per_step)

@@ -422,7 +422,7 @@ def load_own(paths: list[str | Path], batched: bool = False
 
     `batched`: the closed-loop concurrent runs instead (`_batched_workload`), observations of
     the aggregate decode rate and the peak memory, with the batch the engine ran (and a llama.cpp
-    server's context, `extra.ctx`, shared by the batch); single-stream runs are then the ones
+    server's context, `extra.ctx`, held for its slots); single-stream runs are then the ones
     dropped. For scoring the batch model (`report.score`), not for the fit."""
     from tightfit.data import read_measurements
 
@@ -457,16 +457,19 @@ def load_own(paths: list[str | Path], batched: bool = False
         quant = _own_quant(md.weight_format, md.file_format)
         bpw = stored_bits(quant, model)
         prompt = int(w.prompt_tokens_mean)
+        slots = None
         if batch is None:
             gen = max(1, int(r.output_tokens_total or 1))
             context = prompt + gen
         else:
             gen = int(w.gen_tokens_mean)
-            # a llama.cpp server holds its whole context (`-c`, every slot's cells) from the
-            # start: the batch's sequences share it (context x batch = the server's cells)
-            context = max(prompt + gen, int((c.extra or {}).get("ctx") or 0) // batch)
+            # a llama.cpp server holds its whole context (`-c`) for all its slots (`-np`) from
+            # the start, however many sequences are in flight: slots x context = its cells
+            cells = int((c.extra or {}).get("ctx") or 0)
+            slots = max(c.max_num_seqs or batch, batch) if cells else None
+            context = max(prompt + gen, cells // (slots or batch))
         wl = Workload(prompt, gen, batch or 1, context,
-                      flash_attn=_BACKEND_FLASH_ATTN.get(c.backend))
+                      flash_attn=_BACKEND_FLASH_ATTN.get(c.backend), slots=slots)
         device = own_device(m.hardware, sittings.get(_sitting(m)))
         sc = Scenario(f"tightfit-{m.id}", device, model, quant, bpw, engine, wl)
         key = hardware.normalise_name(device.name)

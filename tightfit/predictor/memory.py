@@ -292,15 +292,36 @@ def kv_tokens(s: Scenario, prof: EngineProfile, ctx: float, read: bool = False) 
 
 
 def kv_bytes(s: Scenario, prof: EngineProfile, ctx: float, read: bool = False) -> float:
-    """K/V bytes held (or, `read`, read by a decode step: `kv_tokens`) for `ctx` tokens of each
-    sequence in the batch."""
-    return kv_bytes_per_token(s, prof) * kv_tokens(s, prof, ctx, read) * s.workload.batch
+    """K/V bytes held for `ctx` tokens of each sequence the engine holds (`Workload.held`: a
+    server's slots, else the batch), or, `read`, read by a decode step of the batch
+    (`kv_tokens`)."""
+    if read:
+        return kv_bytes_per_token(s, prof) * kv_tokens(s, prof, ctx, True) * s.workload.batch
+    return kv_bytes_per_token(s, prof) * kv_cells_held(s, prof, ctx)
 
 
-def state_bytes(s: Scenario) -> float:
-    """Recurrent state of a hybrid's non-attention layers for the batch's sequences: a fixed
-    size a sequence whatever the context (ModelSpec.recurrent_state_bytes)."""
-    return s.model.recurrent_state_bytes * s.workload.batch
+def kv_cells_held(s: Scenario, prof: EngineProfile, ctx: float) -> float:
+    """K/V cells held, averaged over the layers, for `ctx` tokens of each of the `Workload.held`
+    sequences. A window cache of several sequences is one pool, as llama.cpp's unified cache
+    (a server's default with its slots left to auto) sizes it: the window of every sequence,
+    the engine's extra once (`llama-kv-cache-iswa.cpp`: min(cells, n_swa x n_seq + n_ubatch)).
+    A server of 16 slots and 8,192 cells holds the whole context on Gemma 3's window layers,
+    where a sequence alone would hold its 512-position window and a call's 512."""
+    n, m = s.workload.held, s.model
+    if n == 1 or m.window_layers == 0 or prof.kv_window_extra is None:
+        return kv_tokens(s, prof, ctx) * n
+    local = m.window_layers
+    kept = min(ctx * n, m.sliding_window * n + prof.kv_window_extra)
+    return ((m.kv_layers - local) * ctx * n + local * kept) / m.n_layers
+
+
+def state_bytes(s: Scenario, held: bool = True) -> float:
+    """Recurrent state of a hybrid's non-attention layers for the sequences held (a llama.cpp
+    server allocates it for every slot), or, not `held`, for the batch's sequences (what a
+    decode step reads and writes): a fixed size a sequence whatever the context
+    (ModelSpec.recurrent_state_bytes)."""
+    w = s.workload
+    return s.model.recurrent_state_bytes * (w.held if held else w.batch)
 
 
 def kv_bytes_per_token(s: Scenario, prof: EngineProfile) -> float:
@@ -317,7 +338,7 @@ def buffer_bytes(s: Scenario, prof: EngineProfile) -> float:
     # is n_ubatch tokens in all, whatever the sequences; HF pads the batch's prompts together.
     chunk = prof.prompt_chunk or max(w.prompt_tokens, 1)
     if prof.reserves_chunk:
-        cells, calls = w.context_tokens * w.batch, 1
+        cells, calls = w.context_tokens * w.held, 1
         ubatch = min(cells, chunk)
     else:
         cells, calls = w.context_tokens, w.batch

@@ -148,7 +148,7 @@ def decode_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tuple
     m, w, d = s.model, s.workload, s.device
     ctx = w.prompt_tokens + w.gen_tokens / 2
     # K/V read, and a hybrid's recurrent state read and written back
-    kv_read = memory.kv_bytes(s, prof, ctx, read=True) + 2 * mem.state_bytes
+    kv_read = memory.kv_bytes(s, prof, ctx, read=True) + 2 * memory.state_bytes(s, held=False)
     weights = memory.active_weight_bytes(s, prof)
     step_bytes = weights + kv_read
     # the bytes as the engine's time sees them: an MoE's experts stream at moe_bw_rel

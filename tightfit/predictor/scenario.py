@@ -47,6 +47,15 @@ class Workload:
     # which turns it on wherever the backend runs the fused operation (CPU, CUDA, ROCm, Vulkan,
     # Metal); llama-cpp-python's `Llama(flash_attn=False)` turns it off
     flash_attn: bool | None = None
+    # the sequences the engine holds cache for (a llama.cpp server's `-np` slots, each
+    # `context_tokens` of its `-c`), of which `batch` decode together; None: `batch`
+    slots: int | None = None
+
+    @property
+    def held(self) -> int:
+        """The sequences whose K/V (and recurrent state) the engine holds: `slots`, else
+        `batch`."""
+        return self.slots or self.batch
 
 
 MOE_OFFLOAD = ("experts", "layers")  # Workload.moe_offload's choices
@@ -396,7 +405,7 @@ def _workload(w: Any) -> Workload:
         raise RowError("workload", f"expected an object, got {type(w).__name__}")
     ints = {key: _whole(w, key, "workload", lo, hi) for key, lo, hi in (
         ("prompt_tokens", -1, 10_000_000), ("gen_tokens", -1, 10_000_000),
-        ("batch", 0, 100_000), ("context_tokens", 0, 10_000_000))}
+        ("batch", 0, 100_000), ("context_tokens", 0, 10_000_000), ("slots", 0, 100_000))}
     prompt = 512 if ints["prompt_tokens"] is None else ints["prompt_tokens"]
     gen = 128 if ints["gen_tokens"] is None else ints["gen_tokens"]
     ctx = ints["context_tokens"] or max(prompt + gen, 1)
@@ -424,6 +433,12 @@ def _workload(w: Any) -> Workload:
         raise RowError("workload.flash_attn",
                        f"{fa!r} is not true, false, \"on\", \"off\" or \"auto\" (llama.cpp's "
                        "-fa); leave it out for the engine's default (on where the backend has it)")
-    return Workload(prompt, gen, ints["batch"] or 1, max(ctx, prompt + gen), kv, moe,
-                    None if fa is None else FLASH_ATTN[key])
+    batch, slots = ints["batch"] or 1, ints["slots"] or None
+    if slots is not None and slots < batch:
+        raise RowError("workload.slots",
+                       f"{slots} is less than workload.batch = {batch}: an engine decodes at most "
+                       f"the sequences it holds; raise slots to at least {batch} (a llama.cpp "
+                       "server's -np) or lower batch")
+    return Workload(prompt, gen, batch, max(ctx, prompt + gen), kv, moe,
+                    None if fa is None else FLASH_ATTN[key], slots)
 
