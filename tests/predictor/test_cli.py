@@ -242,3 +242,40 @@ def test_score_batched_reads_the_measured_batches(capsys) -> None:
     assert "tightfit batch 16" in out and "llama.cpp batch 1 " in out
     assert main(["predictor", "score", "--batched", "nope.jsonl"]) == 2
     assert "'nope.jsonl' does not exist" in capsys.readouterr().err
+
+
+def test_score_scenarios_scores_figures_measured_elsewhere(tmp_path, row, capsys) -> None:
+    """`tightfit predictor score --scenarios FILE`: `tightfit predict` input rows with a
+    `measured` object (public benchmark tables, a user's runs) scored per metric and per device
+    and batch; a row the predictor rejects is counted by its field, a row without figures is
+    counted too, and the figures decide the score (a doubled measurement doubles the error)."""
+    from tightfit.predictor import predict
+
+    pred = predict([row])[0]["decode_tok_s"]
+    good = dict(row, id="m", measured={"decode_tok_s": pred * 1.25})
+    far = dict(row, id="f", measured={"decode_tok_s": pred * 2.5})
+    bad = dict(row, id="b", quant="Q9_Z", measured={"decode_tok_s": 10.0})
+    path = _write(tmp_path, [good, far, bad, dict(row, id="u")])
+    assert main(["predictor", "score", "--scenarios", path, "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["n_rows"] == 4 and res["errors"] == {"quant": 1} and res["unmeasured"] == 1
+    dec = res["per_metric"]["decode_tok_s"]
+    assert dec["n"] == 2 and dec["mape"] == pytest.approx(100 * (0.2 + 0.6) / 2, rel=1e-6)
+    assert list(res["per_device_batch"]) == [f"{row['hardware']['name']} batch 1"]
+    assert main(["predictor", "score", "--scenarios", path]) == 0
+    assert "device, batch" in capsys.readouterr().out
+    assert main(["predictor", "score", "--scenarios", "--batched", path]) == 2
+    assert "do not go together" in capsys.readouterr().err
+
+
+def test_score_scenarios_reads_the_shipped_batched_bench_tables(capsys) -> None:
+    """docs/examples/batched-bench.jsonl: llama.cpp's public llama-batched-bench tables for a
+    DGX Spark and an M2 Ultra (5 models, 3 prompt lengths, 1-32 sequences); every row answers."""
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "docs" / "examples" / "batched-bench.jsonl"
+    assert main(["predictor", "score", "--scenarios", str(path), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["n_rows"] == 180 and not res["errors"] and res["unmeasured"] == 0
+    assert res["per_metric"]["decode_tok_s"]["n"] == 180
+    assert {"NVIDIA GB10 batch 32", "Apple M2 Ultra batch 1"} <= set(res["per_device_batch"])

@@ -44,6 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     sc.add_argument("--batched", action="store_true",
                     help="score the closed-loop concurrent runs (aggregate decode tok/s at the "
                          "batch the engine ran) instead of the single-stream ones")
+    sc.add_argument("--scenarios", action="store_true",
+                    help="FILE holds `tightfit predict` input rows, each with a `measured` "
+                         "object (decode_tok_s, prefill_tok_s, ttft_s, peak_memory_gb): figures "
+                         "measured elsewhere, e.g. docs/examples/batched-bench.jsonl")
     sc.add_argument("--json", action="store_true", help="print the results as JSON")
     sc.set_defaults(func=run_score)
     fit = sub.add_parser("fit", help="fit on all shipped data and save the model JSON")
@@ -85,8 +89,13 @@ def run_score(args: argparse.Namespace) -> int:
     for path in args.measurements:
         if not Path(path).is_file():
             raise TightfitError(f"{path!r} does not exist: give a dataset JSONL such as "
-                                "data/measurements/cpu-2core.jsonl")
-    result = report.score(tuple(args.measurements), batched=args.batched)
+                                "data/measurements/cpu-2core.jsonl, or with --scenarios a "
+                                "scenarios JSONL such as docs/examples/batched-bench.jsonl")
+    if args.scenarios and args.batched:
+        raise TightfitError("--scenarios and --batched do not go together: a scenario row gives "
+                            "its own workload.batch")
+    result = report.score_scenarios(tuple(args.measurements)) if args.scenarios else \
+        report.score(tuple(args.measurements), batched=args.batched)
     print(json.dumps(result, indent=1, default=str) if args.json else report.render(result))
     return 0
 

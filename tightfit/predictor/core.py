@@ -76,13 +76,22 @@ def batched_step(s: Scenario, model: PredictorModel, b: Breakdown) -> float:
     # a sequence's decode FLOPs (the output head's included: a prompt runs it once) at the
     # FLOP rate the reference prompt runs at
     per_seq = b1.flops_per_step * t_ref / bref.prefill_flops
-    weights = memory.active_weight_bytes(one, engines.for_scenario(one))
-    own_kv = b1.decode.mem_s * max(b1.bytes_per_step - weights, 0.0) / b1.bytes_per_step
+    prof = engines.for_scenario(one)
+    weights = memory.active_weight_bytes(one, prof)
+    # the step's bytes as its time sees them (an MoE's experts stream at moe_bw_rel)
+    rel = prof.moe_bw_rel if s.model.is_moe else 1.0
+    own_kv_bytes = max(b1.bytes_per_step - weights, 0.0)
+    per_byte = b1.decode.mem_s / max(weights / rel + own_kv_bytes, 1.0)
+    own_kv = per_byte * own_kv_bytes
+    # a mixture of experts: the further experts the batch's sequences route to, read once a
+    # step (memory.batch_expert_share)
+    more_experts = per_byte * max(memory.active_weight_bytes(s, prof) - weights, 0.0) / rel
     pushed_off = max(b.decode.offload_s - b1.decode.offload_s, 0.0)
     # llama.cpp on a CPU: the first further sequence costs a whole single-stream step
     # (`batch_leaves_vector_path`), the rest run at the prompt rate
     first = t1 if batch_leaves_vector_path(s) else per_seq
-    return t1 + first + (w.batch - 2) * per_seq + (w.batch - 1) * own_kv + pushed_off
+    return t1 + first + (w.batch - 2) * per_seq + (w.batch - 1) * own_kv + more_experts + \
+        pushed_off
 
 
 def batch_leaves_vector_path(s: Scenario) -> bool:

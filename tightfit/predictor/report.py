@@ -81,6 +81,62 @@ def score(measurements: tuple[str, ...], batched: bool = False) -> dict[str, Any
     return out
 
 
+SCORED_METRICS = ("decode_tok_s", "prefill_tok_s", "ttft_s", "peak_memory_gb")
+
+
+def score_scenarios(paths: tuple[str, ...]) -> dict[str, Any]:
+    """The shipped model, as it is, against figures measured elsewhere: rows of `tightfit
+    predict`'s input, each with a `measured` object holding any of SCORED_METRICS (public
+    benchmark tables, a user's own runs). Scores per metric, and decode per device and batch
+    (`per_device_batch`, with the median of predicted / measured). A row the predictor rejects
+    is counted in `errors` with its field; a row without `measured` in `unmeasured`."""
+    from tightfit.predictor import api, jsonl
+
+    rows = [r for p in paths for r in jsonl.read_jsonl(p)]
+    answers = api.predict(rows)
+    got: dict[str, list[tuple[float, float]]] = {}
+    groups: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    errors: dict[str, int] = {}
+    unmeasured = 0
+    for row, ans in zip(rows, answers):
+        if "error" in ans:
+            field = ans["error"]["field"]
+            errors[field] = errors.get(field, 0) + 1
+            continue
+        measured = row.get("measured") if isinstance(row, dict) else None
+        if not isinstance(measured, dict):
+            unmeasured += 1
+            continue
+        for metric in SCORED_METRICS:
+            m, p = measured.get(metric), ans.get(metric)
+            if isinstance(m, (int, float)) and m > 0 and isinstance(p, (int, float)):
+                got.setdefault(metric, []).append((float(p), float(m)))
+                if metric == "decode_tok_s":
+                    hw = row.get("hardware") or {}
+                    name = str(hw.get("name") or "?") if isinstance(hw, dict) else "?"
+                    batch = (row.get("workload") or {}).get("batch") or 1
+                    groups.setdefault((name, int(batch)), []).append((float(p), float(m)))
+    per_metric = {}
+    for metric, sel in got.items():
+        sc = evaluate.scores([a for a, _ in sel], [b for _, b in sel]).as_dict()
+        sc["ratio_median"] = statistics.median(a / b for a, b in sel)
+        per_metric[metric] = sc
+    return {"n_rows": len(rows), "errors": errors, "unmeasured": unmeasured,
+            "per_metric": per_metric, "per_device_batch": _ratio_scores(groups)}
+
+
+def _ratio_scores(groups: dict[tuple[str, int], list[tuple[float, float]]]
+                  ) -> dict[str, dict[str, float]]:
+    """Scores of each group of (predicted, measured), with the median of predicted / measured,
+    keyed "<group> batch <n>"."""
+    res = {}
+    for (name, batch), sel in sorted(groups.items()):
+        sc = evaluate.scores([a for a, _ in sel], [b for _, b in sel]).as_dict()
+        sc["ratio_median"] = statistics.median(a / b for a, b in sel)
+        res[f"{name} batch {batch}"] = sc
+    return res
+
+
 def _per_batch(pairs: list[Any]) -> dict[str, dict[str, float]]:
     """Decode scores per (engine, batch), with the median of predicted / measured."""
     groups: dict[tuple[str, int], list[tuple[float, float]]] = {}
@@ -89,12 +145,7 @@ def _per_batch(pairs: list[Any]) -> dict[str, dict[str, float]]:
         if o.metric == "decode_tok_s" and got is not None:
             groups.setdefault((o.scenario.engine, o.scenario.workload.batch), []).append(
                 (got, o.value))
-    res = {}
-    for (engine, batch), sel in sorted(groups.items()):
-        sc = evaluate.scores([a for a, _ in sel], [b for _, b in sel]).as_dict()
-        sc["ratio_median"] = statistics.median(a / b for a, b in sel)
-        res[f"{engine} batch {batch}"] = sc
-    return res
+    return _ratio_scores(groups)
 
 
 def _per_engine(pairs: list[Any]) -> dict[str, dict[str, dict[str, float]]]:
@@ -120,8 +171,11 @@ def _fmt(v: float) -> str:
 
 
 def render(result: dict[str, Any]) -> str:
-    lines = [f"observations: {result['n_observations']}", "data rules (rows affected):"]
-    lines += [f"  {n:4d}  {rule}" for rule, n in sorted(result["rules"].items(), key=lambda x: -x[1])]
+    lines = []
+    if "n_observations" in result:
+        lines += [f"observations: {result['n_observations']}", "data rules (rows affected):"]
+        lines += [f"  {n:4d}  {rule}"
+                  for rule, n in sorted(result["rules"].items(), key=lambda x: -x[1])]
     head = f"{'metric':16s}{'n':>5s}{'MAPE%':>8s}{'med%':>8s}{'p90%':>8s}{'max%':>8s}{'R2log':>7s}"
     for section in [k for k in result if k.startswith(("held_out", "analytic", "naive"))]:
         for source, table in result[section].items():
@@ -159,10 +213,23 @@ def render(result: dict[str, Any]) -> str:
             for metric, s in table.items():
                 lines.append(f"{machine[:40]:40s}{metric:16s}{s['n']:5d}{_fmt(s['mape']):>8s}"
                              f"{_fmt(s['max']):>8s}")
-    if "per_batch" in result:
-        lines += ["", "[the shipped model: aggregate decode per engine and batch]",
-                  f"{'engine, batch':32s}{'n':>5s}{'MAPE%':>8s}{'max%':>8s}{'pred/meas':>11s}"]
-        for d, s in result["per_batch"].items():
+    if "per_metric" in result:
+        lines += [f"scenarios: {result['n_rows']}, rejected (by field): {result['errors']}, "
+                  f"without measured figures: {result['unmeasured']}",
+                  "[the shipped model against the rows' measured figures]",
+                  f"{'metric':32s}{'n':>5s}{'MAPE%':>8s}{'max%':>8s}{'pred/meas':>11s}"]
+        for d, s in result["per_metric"].items():
+            lines.append(f"{d[:32]:32s}{s['n']:5d}{_fmt(s['mape']):>8s}{_fmt(s['max']):>8s}"
+                         f"{s['ratio_median']:>11.2f}")
+    for key, title, head in (("per_batch", "aggregate decode per engine and batch",
+                              "engine, batch"),
+                             ("per_device_batch", "aggregate decode per device and batch",
+                              "device, batch")):
+        if key not in result:
+            continue
+        lines += ["", f"[the shipped model: {title}]",
+                  f"{head:32s}{'n':>5s}{'MAPE%':>8s}{'max%':>8s}{'pred/meas':>11s}"]
+        for d, s in result[key].items():
             lines.append(f"{d[:32]:32s}{s['n']:5d}{_fmt(s['mape']):>8s}{_fmt(s['max']):>8s}"
                          f"{s['ratio_median']:>11.2f}")
     if "per_device" in result:
