@@ -238,8 +238,9 @@ def prefill_phase(s: Scenario, prof: EngineProfile, mem: MemoryEstimate) -> tupl
     attn = 4.0 * m.n_layers * p * keys * m.n_heads * m.head_dim
     flops = w.batch * (2 * body * p + 2 * head + attn)
     # llama.cpp and the lite runtime run a prompt in calls of <= 512 tokens, each reading the
-    # weights once; the torch engine's chunks are counted in its efficiency instead
-    ubatches = math.ceil(p / prof.prompt_chunk) if prof.chunk_reads_weights else 1
+    # weights once, a batch's prompts packed together into the calls; the torch engine's
+    # chunks are counted in its efficiency instead
+    ubatches = math.ceil(w.batch * p / prof.prompt_chunk) if prof.chunk_reads_weights else 1
     weights = memory.weight_bytes(s, prof)
     streamed = (memory.streamed_weight_bytes(s, prof) - memory.lookup_only_bytes(s, prof)) * \
         memory.loop_read_factor(s)
