@@ -1023,10 +1023,11 @@ def test_llama_cpp_on_a_cpu_pays_a_whole_step_for_the_first_further_sequence() -
 
     model = artefact.load()
 
-    def tpot(batch: int, kind: str = "cpu", quant: str = "Q8_0") -> float:
+    def tpot(batch: int, kind: str = "cpu", quant: str = "Q8_0",
+             name: str = "SmolLM2-135M") -> float:
         hw = {"name": "cpu", "kind": "cpu", "memory_gb": 23.5, "memory_bandwidth_gbps": 34.0,
               "fp16_tflops": 0.1, "cpu_cores": 1} if kind == "cpu" else {"name": "RTX 4090"}
-        s = parse_row({"id": "x", "hardware": hw, "model": "SmolLM2-135M", "quant": quant,
+        s = parse_row({"id": "x", "hardware": hw, "model": name, "quant": quant,
                        "engine": "llama.cpp",
                        "workload": {"prompt_tokens": 30, "gen_tokens": 64, "batch": batch,
                                     "context_tokens": 8192 // batch}})
@@ -1038,6 +1039,10 @@ def test_llama_cpp_on_a_cpu_pays_a_whole_step_for_the_first_further_sequence() -
         assert three - two < 0.8 * one  # later sequences at the prompt rate
     g1, g2 = tpot(1, "gpu"), tpot(2, "gpu")
     assert g2 < 1.5 * g1
+    # a mixture of experts: the whole further step already reads the second sequence's
+    # experts; the union's further experts are charged from the third sequence on
+    m1, m2, m3 = (tpot(b, quant="Q4_K_M", name="Qwen3-30B-A3B") for b in (1, 2, 3))
+    assert 2 * m1 <= m2 < 2.1 * m1 and m3 > m2 + 0.2 * m1
 
 
 def test_llama_cpp_reserves_one_call_for_a_batch_and_holds_every_sequences_cells() -> None:

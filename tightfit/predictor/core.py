@@ -83,15 +83,18 @@ def batched_step(s: Scenario, model: PredictorModel, b: Breakdown) -> float:
     own_kv_bytes = max(b1.bytes_per_step - weights, 0.0)
     per_byte = b1.decode.mem_s / max(weights / rel + own_kv_bytes, 1.0)
     own_kv = per_byte * own_kv_bytes
-    # a mixture of experts: the further experts the batch's sequences route to, read once a
-    # step (memory.batch_expert_share)
-    more_experts = per_byte * max(memory.active_weight_bytes(s, prof) - weights, 0.0) / rel
-    pushed_off = max(b.decode.offload_s - b1.decode.offload_s, 0.0)
     # llama.cpp on a CPU: the first further sequence costs a whole single-stream step
     # (`batch_leaves_vector_path`), the rest run at the prompt rate; on Metal, the products
     # of more than 8 sequences run on 32 columns at a time (`metal_batch_columns`)
-    first = t1 if batch_leaves_vector_path(s) else per_seq
+    whole = batch_leaves_vector_path(s)
+    first = t1 if whole else per_seq
     columns = metal_batch_columns(s)
+    # a mixture of experts: the further experts the batch's sequences route to, read once a
+    # step (memory.batch_expert_share), beyond those of a whole further step where it is paid
+    read = memory.active_weight_bytes(replace(s, workload=replace(w, batch=2)), prof) \
+        if whole else weights
+    more_experts = per_byte * max(memory.active_weight_bytes(s, prof) - read, 0.0) / rel
+    pushed_off = max(b.decode.offload_s - b1.decode.offload_s, 0.0)
     return t1 + first + (columns - 2) * per_seq + (w.batch - 1) * own_kv + more_experts + \
         pushed_off
 

@@ -116,25 +116,23 @@ def score_scenarios(paths: tuple[str, ...]) -> dict[str, Any]:
                     name = str(hw.get("name") or "?") if isinstance(hw, dict) else "?"
                     batch = (row.get("workload") or {}).get("batch") or 1
                     groups.setdefault((name, int(batch)), []).append((float(p), float(m)))
-    per_metric = {}
-    for metric, sel in got.items():
-        sc = evaluate.scores([a for a, _ in sel], [b for _, b in sel]).as_dict()
-        sc["ratio_median"] = statistics.median(a / b for a, b in sel)
-        per_metric[metric] = sc
     return {"n_rows": len(rows), "errors": errors, "unmeasured": unmeasured,
-            "per_metric": per_metric, "per_device_batch": _ratio_scores(groups)}
+            "per_metric": {metric: _ratio_scored(sel) for metric, sel in got.items()},
+            "per_device_batch": _ratio_scores(groups)}
+
+
+def _ratio_scored(sel: list[tuple[float, float]]) -> dict[str, float]:
+    """Scores of (predicted, measured) pairs, with the median of predicted / measured."""
+    sc = evaluate.scores([a for a, _ in sel], [b for _, b in sel]).as_dict()
+    sc["ratio_median"] = statistics.median(a / b for a, b in sel)
+    return sc
 
 
 def _ratio_scores(groups: dict[tuple[str, int], list[tuple[float, float]]]
                   ) -> dict[str, dict[str, float]]:
-    """Scores of each group of (predicted, measured), with the median of predicted / measured,
-    keyed "<group> batch <n>"."""
-    res = {}
-    for (name, batch), sel in sorted(groups.items()):
-        sc = evaluate.scores([a for a, _ in sel], [b for _, b in sel]).as_dict()
-        sc["ratio_median"] = statistics.median(a / b for a, b in sel)
-        res[f"{name} batch {batch}"] = sc
-    return res
+    """`_ratio_scored` of each group, keyed "<group> batch <n>"."""
+    return {f"{name} batch {batch}": _ratio_scored(sel)
+            for (name, batch), sel in sorted(groups.items())}
 
 
 def _per_batch(pairs: list[Any]) -> dict[str, dict[str, float]]:
