@@ -1175,8 +1175,8 @@ def test_metal_runs_more_than_eight_sequences_on_tiles_of_thirty_two() -> None:
                        "engine": "llama.cpp",
                        "workload": {"prompt_tokens": 512, "gen_tokens": 32, "batch": batch,
                                     "flash_attn": True}})
-        assert core.metal_batch_columns(s) == (32 if hw["name"].startswith("Apple")
-                                               and 8 < batch <= 32 else batch)
+        assert core.batch_columns(s, engines.for_scenario(s)) == (
+            32 if hw["name"].startswith("Apple") and 8 < batch <= 32 else batch)
         return core.predict_scenario(s, model).tpot_s
 
     mac, spark = {"name": "Apple M2 Ultra", "memory_gb": 192}, {"name": "NVIDIA GB10"}

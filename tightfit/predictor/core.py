@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from tightfit.predictor import attribution, engines, features, memory, roofline
 from tightfit.predictor.memory import GB
+from tightfit.predictor.engines import EngineProfile
 from tightfit.predictor.models import PredictorModel, ResidualModel
 from tightfit.predictor.roofline import Breakdown
 from tightfit.predictor.scenario import Scenario
@@ -83,56 +84,31 @@ def batched_step(s: Scenario, model: PredictorModel, b: Breakdown) -> float:
     own_kv_bytes = max(b1.bytes_per_step - weights, 0.0)
     per_byte = b1.decode.mem_s / max(weights / rel + own_kv_bytes, 1.0)
     own_kv = per_byte * own_kv_bytes
-    # llama.cpp on a CPU: the first further sequence costs a whole single-stream step
-    # (`batch_leaves_vector_path`), the rest run at the prompt rate; on Metal, the products
-    # of more than 8 sequences run on 32 columns at a time (`metal_batch_columns`)
-    whole = batch_leaves_vector_path(s)
+    # the first further sequence a whole single-stream step where the engine pays it
+    # (llama.cpp on a CPU), the rest at the prompt rate, on whole tiles of columns where the
+    # engine computes them so (llama.cpp on Metal): EngineProfile.batch_whole_first_step,
+    # batch_tile
+    whole = prof.batch_whole_first_step
     first = t1 if whole else per_seq
-    columns = metal_batch_columns(s)
     # a mixture of experts: the further experts the batch's sequences route to, read once a
     # step (memory.batch_expert_share), beyond those of a whole further step where it is paid
     read = memory.active_weight_bytes(replace(s, workload=replace(w, batch=2)), prof) \
         if whole else weights
     more_experts = per_byte * max(memory.active_weight_bytes(s, prof) - read, 0.0) / rel
     pushed_off = max(b.decode.offload_s - b1.decode.offload_s, 0.0)
-    return t1 + first + (columns - 2) * per_seq + (w.batch - 1) * own_kv + more_experts + \
-        pushed_off
+    return t1 + first + (batch_columns(s, prof) - 2) * per_seq + (w.batch - 1) * own_kv + \
+        more_experts + pushed_off
 
 
-# Metal's matrix-matrix kernel's tile of columns (ggml-metal-device.cpp: nr1 = 32 without the
-# tensor API), and the most columns its small-batch matrix-vector kernels take (mul_mv_ext)
-METAL_MM_COLUMNS, METAL_MV_MAX_COLUMNS = 32, 8
-
-
-def metal_batch_columns(s: Scenario) -> int:
+def batch_columns(s: Scenario, prof: EngineProfile) -> int:
     """The columns a decode step of `workload.batch` sequences multiplies the weights by: the
-    batch, but for llama.cpp on an Apple chip, where more than METAL_MV_MAX_COLUMNS go to the
-    matrix-matrix kernel, which computes whole tiles of METAL_MM_COLUMNS (`ggml-metal-ops.cpp`,
-    `ggml_metal_op_mul_mat_use_mm`: ne11 > 8). llama.cpp's public llama-batched-bench table for
-    an M2 Ultra (docs/examples/batched-bench.jsonl): 16 sequences stepped in 95-96% of the time
-    of 32 on every model (Qwen2.5-Coder-7B Q8_0 49.8 vs 52.4 ms, Gemma 3 4B 37.7 vs 40.6)."""
-    b = s.workload.batch
-    if s.engine != "llama.cpp" or s.device.device_class != "apple" or b <= METAL_MV_MAX_COLUMNS:
+    batch, but where the engine computes more than its matrix-vector kernels take on whole
+    tiles (EngineProfile.batch_tile: llama.cpp on Metal, 9-32 sequences as 32), the batch
+    rounded up to whole tiles."""
+    b, tile = s.workload.batch, prof.batch_tile
+    if tile is None or b <= tile[0]:
         return b
-    return math.ceil(b / METAL_MM_COLUMNS) * METAL_MM_COLUMNS
-
-
-def batch_leaves_vector_path(s: Scenario) -> bool:
-    """Whether a decode step of two or more sequences costs a whole further single-stream step
-    before the prompt rate takes over: llama.cpp on a CPU. ggml's CPU products take their
-    matrix-vector path for one column only; from two columns a format's batch kernel runs
-    instead: llamafile's tinyBLAS (F16, Q8_0 on x86), the repacked gemm in groups of four
-    columns with one matrix-vector pass for each column left over (Q4_0, Q4_K, IQ4_NL on AVX2),
-    or the generic dot product per row and column, which computes a whole matrix-vector
-    product again for each (Q4_1 and the other formats).
-
-    Measured (data/measurements/batch-epyc.jsonl and batch-formats-epyc.jsonl, the 2-core EPYC,
-    llama-server, 1 and 2 threads; docs/predictor.md "llama.cpp's batch kernels by format"):
-    from one sequence in flight to two the step grew by 0.5-1.6x the one-sequence step (Q8_0 at
-    one thread 10.3 -> 26.8 ms, Gemma 3's Q4_K_M 21.1 -> 45.0), where each sequence after the
-    second added 0.3-0.7x. On a GPU llama.cpp's matrix-vector kernels take up to 8 columns (CUDA's
-    mul_mat_vec_q, Metal's mul_mv), and tightfit's and HF's batches did not jump on this CPU."""
-    return s.engine == "llama.cpp" and s.device.device_class == "cpu" and s.workload.batch >= 2
+    return math.ceil(b / tile[1]) * tile[1]
 
 
 def predict_scenario(s: Scenario, model: PredictorModel,

@@ -64,6 +64,23 @@ class EngineProfile:
     # a mixture of experts too large for the GPU keeps attention, K/V and the dense parts on
     # the card and puts routed-expert tensors in host RAM first (llama.cpp's `--fit`)
     experts_to_host: bool = False
+    # a decode step of two or more sequences pays a whole further single-stream step for the
+    # first further one before the prompt rate takes over (core.batched_step): llama.cpp on a
+    # CPU, whose products leave their matrix-vector path from two columns
+    batch_whole_first_step: bool = False
+    # (most columns its matrix-vector kernels take, the tile of columns its matrix-matrix
+    # kernel computes whole): a decode step of more sequences than the first is charged the
+    # FLOPs of whole tiles (core.batch_columns); None: the batch as it is
+    batch_tile: tuple[int, int] | None = None
+
+
+# llama.cpp on Metal: a product of more than 8 columns goes to the matrix-matrix kernel
+# (ggml-metal-ops.cpp, `ggml_metal_op_mul_mat_use_mm`: ne11 > 8), which computes tiles of 32
+# columns (ggml-metal-device.cpp: nr1 = 32 without the tensor API). llama.cpp's public
+# llama-batched-bench table for an M2 Ultra (docs/examples/batched-bench.jsonl): 16 sequences
+# stepped in 95-96% of the time of 32 on every model (Qwen2.5-Coder-7B Q8_0 49.8 vs 52.4 ms,
+# Gemma 3 4B 37.7 vs 40.6).
+METAL_BATCH_TILE = (8, 32)
 
 
 def keeps_quantised(prof: EngineProfile, quant: str) -> bool:
@@ -230,9 +247,23 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
             # too slow held out). Decode folds by device (one-off script, 2026-12-06 05:00 UTC):
             # 10.64% -> 9.56% (5 us: 9.95%); own data 9.72% -> 7.80%, llmfit 11.93% -> 11.34%,
             # Apple 6.23% -> 5.90%, the Xeon 15.7% -> 12.8% (docs/predictor.md).
+            # batch_whole_first_step: ggml's CPU products take their matrix-vector path for one
+            # column only; from two columns a format's batch kernel runs instead: llamafile's
+            # tinyBLAS (F16, Q8_0 on x86), the repacked gemm in groups of four columns with one
+            # matrix-vector pass for each column left over (Q4_0, Q4_K, IQ4_NL on AVX2), or the
+            # generic dot product per row and column, which computes a whole matrix-vector
+            # product again for each (Q4_1 and the other formats). Measured (data/measurements/
+            # batch-epyc.jsonl and batch-formats-epyc.jsonl, the 2-core EPYC, llama-server, 1 and
+            # 2 threads; docs/predictor.md "llama.cpp's batch kernels by format"): from one
+            # sequence in flight to two the step grew by 0.5-1.6x the one-sequence step (Q8_0 at
+            # one thread 10.3 -> 26.8 ms, Gemma 3's Q4_K_M 21.1 -> 45.0), where each sequence
+            # after the second added 0.3-0.7x. On a GPU llama.cpp's matrix-vector kernels take
+            # up to 8 columns (CUDA's mul_mat_vec_q, Metal's mul_mv), and tightfit's and HF's
+            # batches did not jump on this CPU.
             return EngineProfile(0.6, 0.5, 0.3, 4e-4, 2e-5, 0.01, 90, 0, False, "layer_split",
                                  tokenizer_bytes_per_token=300, sync_s_per_thread_layer=1e-5,
-                                 attn_rel=0.35, score_buffer=False, **_LLAMA_CPP)
+                                 attn_rel=0.35, score_buffer=False, batch_whole_first_step=True,
+                                 **_LLAMA_CPP)
         # device_margin_mb: llama.cpp's `--fit` (on by default since late 2025) places layers so
         # that 1024 MiB stay free on each GPU (`--fit-target`). With it, the llmfit table's
         # 12 GB and 8 GB cards held out by device: 29.7% -> 22.9% and 21.3% -> 18.5% decode MAPE
@@ -248,8 +279,10 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
         # every layer's routed-expert tensors stay in system memory, then moves whole layers'
         # experts onto the GPU while they fit: the host holds experts only, and a token reads
         # the routed ones of them (Qwen3-30B-A3B: 8 of 128).
+        # batch_tile: Metal's (METAL_BATCH_TILE) on an Apple chip
         return EngineProfile(0.75, 0.5, 0.5, 6e-4, 2e-5, 0.02, 80, 300, False, "layer_split",
                              device_margin_mb=1024, score_buffer=False, experts_to_host=True,
+                             batch_tile=METAL_BATCH_TILE if device_class == "apple" else None,
                              **_LLAMA_CPP)
     if engine == "tightfit-lite":
         # The lite runtime computes as llama.cpp does (the stored blocks against activations

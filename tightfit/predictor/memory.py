@@ -231,9 +231,9 @@ def active_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
     active = m.params_b
     if m.is_moe:
         # a batch reads the shared weights once and the union of the experts its sequences
-        # route to (`routed_experts`)
-        experts, read = routed_experts(s)
-        one = routed_experts(replace(s, workload=replace(s.workload, batch=1)))[1]
+        # route to (`batch_expert_share`)
+        experts, one = _routed_split(s)
+        read = batch_expert_share(one, s.workload.batch)
         active = min(m.params_b, m.active_params_b + experts * (read - one) / 1e9)
     return ((streamed_weight_bytes(s, prof) - lookup_only_bytes(s, prof)) * active / m.params_b
             * loop_read_factor(s))
@@ -241,10 +241,17 @@ def active_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
 
 def routed_experts(s: Scenario) -> tuple[float, float]:
     """(routed-expert parameters, the share of them a decode step of the batch reads) for a
-    mixture of experts; (0, 0) for a dense model. The expert parameters are the table's
-    `expert_params_b` where it has them, else all but the attention projections and the
-    embeddings (Qwen3-30B-A3B: 29.0B of 30.5B, of which a token reads 1.77B, 6.1%, where 8 of
-    128 experts are 6.25%); the share grows with the batch as `active_weight_bytes` has it."""
+    mixture of experts; (0, 0) for a dense model (`_routed_split`; the share grows with the
+    batch as `batch_expert_share` has it)."""
+    experts, one = _routed_split(s)
+    return experts, batch_expert_share(one, s.workload.batch) if experts else 0.0
+
+
+def _routed_split(s: Scenario) -> tuple[float, float]:
+    """(routed-expert parameters, the share of them one token reads); (0, 0) for a dense model.
+    The expert parameters are the table's `expert_params_b` where it has them, else all but the
+    attention projections and the embeddings (Qwen3-30B-A3B: 29.0B of 30.5B, of which a token
+    reads 1.77B, 6.1%, where 8 of 128 experts are 6.25%)."""
     m = s.model
     if not m.is_moe:
         return 0.0, 0.0
@@ -258,8 +265,7 @@ def routed_experts(s: Scenario) -> tuple[float, float]:
         experts = max(total - attention - embed, 0.0)
     if experts <= 0:
         return 0.0, 0.0
-    read = min(1.0, max(m.active_params_b * 1e9 - (total - experts), 0.0) / experts)
-    return experts, batch_expert_share(read, s.workload.batch)
+    return experts, min(1.0, max(m.active_params_b * 1e9 - (total - experts), 0.0) / experts)
 
 
 def batch_expert_share(read: float, batch: int) -> float:
@@ -270,7 +276,7 @@ def batch_expert_share(read: float, batch: int) -> float:
     gpt-oss-20b / -120b and Qwen3-Coder-30B-A3B (docs/predictor.md, "Batched decode on a GPU
     and an Apple chip"): the rule before, read x (1 + (batch - 1) / 2), read 2 sequences as
     1.5x one where the union is 1.9x (4 of 32 experts) to 1.97x (4 of 128)."""
-    return 1.0 - (1.0 - read) ** max(batch, 1)
+    return read if batch <= 1 else 1.0 - (1.0 - read) ** batch
 
 
 def host_read_share(s: Scenario, prof: EngineProfile, mem: MemoryEstimate,

@@ -212,21 +212,17 @@ def render(result: dict[str, Any]) -> str:
                 lines.append(f"{machine[:40]:40s}{metric:16s}{s['n']:5d}{_fmt(s['mape']):>8s}"
                              f"{_fmt(s['max']):>8s}")
     if "per_metric" in result:
-        lines += [f"scenarios: {result['n_rows']}, rejected (by field): {result['errors']}, "
-                  f"without measured figures: {result['unmeasured']}",
-                  "[the shipped model against the rows' measured figures]",
-                  f"{'metric':32s}{'n':>5s}{'MAPE%':>8s}{'max%':>8s}{'pred/meas':>11s}"]
-        for d, s in result["per_metric"].items():
-            lines.append(f"{d[:32]:32s}{s['n']:5d}{_fmt(s['mape']):>8s}{_fmt(s['max']):>8s}"
-                         f"{s['ratio_median']:>11.2f}")
-    for key, title, head in (("per_batch", "aggregate decode per engine and batch",
-                              "engine, batch"),
-                             ("per_device_batch", "aggregate decode per device and batch",
-                              "device, batch")):
+        lines.append(f"scenarios: {result['n_rows']}, rejected (by field): {result['errors']}, "
+                     f"without measured figures: {result['unmeasured']}")
+    for key, title, head in (("per_metric", "[the shipped model against the rows' measured "
+                              "figures]", "metric"),
+                             ("per_batch", "\n[the shipped model: aggregate decode per engine "
+                              "and batch]", "engine, batch"),
+                             ("per_device_batch", "\n[the shipped model: aggregate decode per "
+                              "device and batch]", "device, batch")):
         if key not in result:
             continue
-        lines += ["", f"[the shipped model: {title}]",
-                  f"{head:32s}{'n':>5s}{'MAPE%':>8s}{'max%':>8s}{'pred/meas':>11s}"]
+        lines += [title, f"{head:32s}{'n':>5s}{'MAPE%':>8s}{'max%':>8s}{'pred/meas':>11s}"]
         for d, s in result[key].items():
             lines.append(f"{d[:32]:32s}{s['n']:5d}{_fmt(s['mape']):>8s}{_fmt(s['max']):>8s}"
                          f"{s['ratio_median']:>11.2f}")
