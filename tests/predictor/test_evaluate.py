@@ -29,18 +29,41 @@ def test_data_rules_are_applied_and_counted() -> None:
 
 
 def test_llmfit_rows_take_the_request_as_their_context_and_the_files_tags() -> None:
-    """The table does not say the server's context: each row runs with its request's (a
-    64-token prompt and the tokens it generated), as the llama.cpp model keeps a given context;
-    of the prompt the server runs the part its prompt cache does not hold."""
+    """The table does not say the server's context: a row runs with its request's (a 64-token
+    prompt and the tokens it generated), as the llama.cpp model keeps a given context, unless
+    its submission states the settings (LLMFIT_SETTINGS_FILE); of the prompt the server runs the
+    part its prompt cache does not hold."""
     obs, _ = datasets.load_llmfit()
     assert obs
+    stated = datasets.llmfit_settings()
     for o in obs:
         w = o.scenario.workload
         assert w.prompt_tokens == datasets.LLMFIT_PROMPT_TOKENS
-        assert w.context_tokens == 64 + w.gen_tokens
+        source = o.scenario.id[len("llmfit-"):].split(".json-")[0] + ".json"
+        if not any(k[0] == source for k in stated):
+            assert w.context_tokens == 64 + w.gen_tokens
+            assert w.gpu_layers is None and w.n_cpu_moe is None
     # the three gemma-2-9b-it-Q4_K_M-fp16.gguf rows keep the file's f16 embedding
     tagged = [o for o in obs if o.scenario.embed_bits is not None]
     assert len(tagged) == 3 and all(o.scenario.embed_bits == 16.0 for o in tagged)
+
+
+def test_llmfit_rows_run_with_the_settings_their_submissions_state() -> None:
+    """Some submissions state the server's settings in the pull request that added them: the
+    RTX 2080's (context 4096, -ngl or --n-cpu-moe per model), the RTX 5070's (context 4096) and
+    the RX 7900 XT's (context 4096, every layer on the card). Those rows run with them."""
+    obs, _ = datasets.load_llmfit()
+    by = {(o.device_key, o.scenario.model.name): o.scenario.workload for o in obs}
+    gemma = by[("rtx 2080", "gemma-2-9b-it")]
+    assert (gemma.context_tokens, gemma.gpu_layers, gemma.n_cpu_moe) == (4096, 36, None)
+    moe = by[("rtx 2080", "deepseek-coder-v2-lite-instruct")]
+    assert moe.n_cpu_moe == 16 and moe.gpu_layers > 27
+    assert by[("rtx 2080", "qwen3-30b-a3b-instruct-2507")].n_cpu_moe == 36
+    radeon = [o.scenario.workload for o in obs if o.device_key == "radeon rx 7900 xt"]
+    assert sum(w.gpu_layers is not None and w.context_tokens == 4096 for w in radeon) >= 78
+    rtx5070 = [o.scenario.workload for o in obs if o.device_key == "rtx 5070"]
+    assert sum(w.context_tokens == 4096 and w.gpu_layers is None for w in rtx5070) >= 38
+    assert len(datasets.llmfit_settings()) == 19
 
 
 def test_llmfit_rates_are_over_the_whole_request() -> None:

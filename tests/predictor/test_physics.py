@@ -1184,3 +1184,81 @@ def test_metal_runs_more_than_eight_sequences_on_tiles_of_thirty_two() -> None:
     assert tpot(8, mac) < 0.8 * tpot(16, mac)
     # unpadded, 16 sequences on the GB10 step in well under the time of 32
     assert tpot(16, spark) / tpot(32, spark) < tpot(16, mac) / tpot(32, mac) - 0.1
+
+
+def test_a_llama_cpp_placement_set_by_the_row_puts_those_layers_where_ngl_does(row) -> None:
+    """llama.cpp's -ngl N (workload.gpu_layers) puts the last N of the layers + the output
+    layer on the GPU, the output layer first; the token embedding stays in host RAM; each
+    layer's K/V sits with it; --n-cpu-moe N (workload.n_cpu_moe) keeps only the routed experts
+    of the first N layers in host RAM. Fewer layers on the card read more from host RAM."""
+    from tightfit.predictor import predict
+    row["hardware"] = {"name": "RTX 2080", "host_memory_gb": 62}
+    row["model"] = {"name": "gemma-2-9b-it-Q4_K_M.gguf"}
+    row["workload"] = {"prompt_tokens": 24, "gen_tokens": 176, "context_tokens": 4096}
+
+    def mem(**w):
+        s = parse_row({**row, "workload": {**row["workload"], **w}})
+        return s, memory.estimate(s, engines.for_scenario(s))
+
+    s, m36 = mem(gpu_layers=36)
+    layers = s.model.n_layers
+    assert layers == 42
+    assert m36.host_layer_share == pytest.approx((layers - 35) / layers) and not m36.head_on_host
+    assert 0 < m36.device_fraction < 1 and m36.fits is True and not m36.fits_on_device
+    _, m1 = mem(gpu_layers=1)  # the output layer only
+    assert m1.host_layer_share == 1 and not m1.head_on_host
+    _, m0 = mem(gpu_layers=0)
+    assert m0.head_on_host and m0.device_fraction == 0
+    _, every = mem(gpu_layers="all")
+    assert every.device_fraction == 1 and every.host_layer_share == 0
+    _, m43 = mem(gpu_layers=43)  # 42 layers + the output layer: all
+    assert m43.device_fraction == 1
+    speeds = [predict([{**row, "id": str(n), "workload": {**row["workload"], "gpu_layers": n}}])[0][
+        "decode_tok_s"] for n in (0, 20, 36, "all")]
+    assert speeds == sorted(speeds) and speeds[-1] > 2 * speeds[2] > 4 * speeds[0]
+    notes = predict([{**row, "workload": {**row["workload"], "gpu_layers": 36}}])[0]["notes"]
+    assert any("35 of 42 layers on the GPU with the output layer" in n for n in notes)
+    # a mixture of experts: --n-cpu-moe keeps experts only, every layer's attention on the card
+    row["model"] = {"name": "Qwen3-30B-A3B-Instruct-2507-Q4_K_M.gguf"}
+    s, moe = mem(n_cpu_moe=36)
+    experts, read = memory.routed_experts(s)
+    assert moe.host_layer_share == 0
+    assert moe.host_expert_bytes == pytest.approx(experts * s.bits_per_weight / 8 * 36 / 48)
+    prof = engines.for_scenario(s)
+    step = memory.active_weight_bytes(s, prof) / prof.moe_bw_rel
+    assert memory.host_read_share(s, prof, moe, step) == pytest.approx(
+        moe.host_expert_bytes * read / prof.moe_bw_rel / step)
+    _, fewer = mem(n_cpu_moe=12)
+    assert fewer.host_expert_bytes == pytest.approx(moe.host_expert_bytes / 3)
+
+
+def test_a_set_placement_too_big_for_the_card_does_not_fit_and_says_what_would(row) -> None:
+    """No --fit margin with a set placement: a GPU part over the card fails to load (fits
+    false), one over it by less than the memory estimate's error is undecided, and the note
+    names the largest gpu_layers that keeps it under. Only llama.cpp has these flags."""
+    from tightfit.predictor import predict
+    from tightfit.predictor.scenario import RowError
+    row["hardware"] = {"name": "RTX 2080", "host_memory_gb": 62}
+    row["model"] = {"name": "Qwen2.5-14B-Instruct-Q4_K_M.gguf"}
+    row["workload"] = {"prompt_tokens": 24, "gen_tokens": 176, "context_tokens": 4096}
+    out = predict([{**row, "id": str(n), "workload": {**row["workload"], "gpu_layers": n}}
+                   for n in ("all", 40)])
+    assert out[0]["fits"] is False and out[1]["fits"] is True
+    s = parse_row({**row, "workload": {**row["workload"], "gpu_layers": "all"}})
+    most = memory.max_gpu_layers(s, engines.for_scenario(s))
+    assert 30 < most < 48
+    assert any(f"gpu_layers {most} keeps it under" in n for n in out[0]["notes"])
+    over = parse_row({**row, "workload": {**row["workload"], "gpu_layers": most + 1}})
+    m = memory.estimate(over, engines.for_scenario(over))
+    assert m.gpu_bytes > m.capacity_bytes
+    assert m.fits is (None if m.gpu_bytes <= m.capacity_bytes * (1 + memory.SET_PLACEMENT_BAND)
+                      else False)
+    with pytest.raises(RowError, match="workload.gpu_layers"):
+        parse_row({**row, "workload": {"gpu_layers": -1}})
+    with pytest.raises(RowError, match="workload.n_cpu_moe"):
+        parse_row({**row, "workload": {"n_cpu_moe": 2.5}})
+    with pytest.raises(RowError, match="workload.gpu_layers.*not tightfit"):
+        parse_row({**row, "engine": "tightfit", "workload": {"gpu_layers": 10}})
+    cpu = parse_row({**row, "hardware": {"name": "Ryzen 9 7950X"},
+                     "workload": {"gpu_layers": 10}})
+    assert any("ignored" in n for n in cpu.notes)

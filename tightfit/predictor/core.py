@@ -136,6 +136,8 @@ def _placement_notes(s: Scenario, b: Breakdown) -> tuple[str, ...]:
     the largest context that would keep every layer on the GPU (where the context asked for is
     what pushes them off), and, where `fits` is undecided, the field that decides it."""
     m = b.memory
+    if m.host_layer_share is not None:
+        return _set_placement_notes(s, m)
     if m.device_fraction >= 1.0 or s.device.device_class != "discrete_gpu":
         return ()
     prof = engines.for_scenario(s)
@@ -152,6 +154,38 @@ def _placement_notes(s: Scenario, b: Breakdown) -> tuple[str, ...]:
     notes = [f"{share}; a context of up to {ctx} tokens keeps every layer on the GPU"
              if ctx is not None else f"{share}; no context keeps every layer on the GPU"]
     if m.fits is None:
+        notes.append(f"fits is null: whether the {m.host_bytes / GB:.1f} GiB on the host fit "
+                     "in its RAM is unknown; give hardware.host_memory_gb to decide")
+    return tuple(notes)
+
+
+def _set_placement_notes(s: Scenario, m: memory.MemoryEstimate) -> tuple[str, ...]:
+    """What a placement the row set (-ngl / --n-cpu-moe) puts where, and whether the GPU part
+    fits the card."""
+    w, layers = s.workload, s.model.n_layers
+    on_gpu = round((1 - m.host_layer_share) * layers)
+    parts = [f"{on_gpu} of {layers} layers on the GPU"
+             + ("" if m.head_on_host else " with the output layer")]
+    if m.host_expert_bytes > 0:
+        parts.append(f"the routed experts of {w.n_cpu_moe} layers in host RAM "
+                     f"({m.host_expert_bytes / GB:.1f} GiB)")
+    notes = [f"llama.cpp placement as set (gpu_layers / n_cpu_moe): {'; '.join(parts)}; "
+             f"{m.gpu_bytes / GB:.1f} GiB on the GPU with its buffers and context, "
+             f"{m.host_bytes / GB:.1f} GiB of weights and K/V on the host"]
+    if m.gpu_bytes > m.capacity_bytes:
+        most = memory.max_gpu_layers(s, engines.for_scenario(s))
+        fix = (f"gpu_layers {most} keeps it under" if most else
+               "no gpu_layers keeps it under (raise n_cpu_moe, or leave both out)")
+        if m.fits is None:
+            notes.append(f"the GPU part ({m.gpu_bytes / GB:.2f} GiB) is over the card's "
+                         f"{m.capacity_bytes / GB:.2f} GiB by less than the memory estimate's "
+                         f"error ({100 * memory.SET_PLACEMENT_BAND:.0f}%): whether llama.cpp "
+                         f"loads it is undecided (fits null); {fix}")
+        else:
+            notes.append(f"the GPU part ({m.gpu_bytes / GB:.1f} GiB) is more than the card's "
+                         f"{m.capacity_bytes / GB:.1f} GiB: llama.cpp would fail to load it; "
+                         f"{fix}, or leave workload.gpu_layers out to place layers as --fit does")
+    elif m.fits is None:
         notes.append(f"fits is null: whether the {m.host_bytes / GB:.1f} GiB on the host fit "
                      "in its RAM is unknown; give hardware.host_memory_gb to decide")
     return tuple(notes)

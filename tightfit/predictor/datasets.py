@@ -23,6 +23,10 @@ from tightfit.predictor.scenario import Scenario, Workload, stored_bits
 
 APPLE_FILE = "llamacpp_4167_apple_silicon_llama2_7b.tsv"
 LLMFIT_FILE = "llmfit_community_benchmarks.tsv"
+# The server settings some llmfit submissions state in the pull request that added them (the
+# table has no column for them): context, -ngl, --n-cpu-moe, per submission file and model
+# ("*": the file's other models). Read by hand from those pull requests' descriptions.
+LLMFIT_SETTINGS_FILE = "llmfit_settings.tsv"
 DESIGN_FILE = "design_reference.tsv"
 # tightfit's own dataset, one file per machine, each a copy of data/measurements/<name>.jsonl (a
 # bench sweep): the 2-core AMD EPYC VM, and the 2-core Intel Xeon VM (the single-stream blocks).
@@ -71,6 +75,7 @@ def data_hash(directory: Path | None = None) -> str:
         path = Path(directory or data_dir()) / name
         if path.is_file() or name not in OWN_FILES:
             h.update(path.read_bytes())
+    h.update((Path(__file__).parent / "data" / LLMFIT_SETTINGS_FILE).read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -178,6 +183,8 @@ def _llmfit_observation(row: dict[str, str]) -> Observation | None:
     if device is None or model is None or quant is None:
         return None
     gen = int(float(row["avg_output_tokens"]))
+    stated = llmfit_settings().get((row["source_file"], row["model_file"])) or \
+        llmfit_settings().get((row["source_file"], "*")) or {}
     # The table does not say what context the server ran with; taken as the request's (a
     # prompt of <= 64 tokens with its chat template, and the tokens generated). llama.cpp's
     # `--fit` floor for a context left unset, 4096, placed the offloaded rows worse
@@ -186,13 +193,35 @@ def _llmfit_observation(row: dict[str, str]) -> Observation | None:
     # `-ngl`, which turns `--fit` off), which the table's offloaded MoE rows fit better than
     # llama.cpp's default of experts first (held out by device, llmfit 10.5% vs 10.8%: a
     # choice made on these rows; docs/predictor.md "A mixture of experts on the host").
+    # Where the submission states the server's settings (LLMFIT_SETTINGS_FILE), they are used.
+    ctx = stated.get("context_tokens") or 64 + gen
     sc = Scenario(f"llmfit-{row['source_file']}-{row['model_file']}", device, model, quant,
                   stored_bits(quant, model), "llama.cpp",
-                  Workload(LLMFIT_PROMPT_TOKENS, gen, 1, 64 + gen, moe_offload="layers"),
+                  Workload(LLMFIT_PROMPT_TOKENS, gen, 1, max(ctx, LLMFIT_PROMPT_TOKENS + gen),
+                           moe_offload="layers", gpu_layers=stated.get("gpu_layers"),
+                           n_cpu_moe=stated.get("n_cpu_moe")),
                   embed_bits=formats.embed_bits_from_filename(row["model_file"]))
     return Observation(sc, "decode_tok_s", float(row["avg_decode_tps"]),
                        hardware.normalise_name(row["hardware_name"]), model_key(row["model_file"]),
                        "llmfit", whole_request=True)
+
+
+_SETTINGS: dict[tuple[str, str], dict[str, int]] = {}
+
+
+def llmfit_settings() -> dict[tuple[str, str], dict[str, int]]:
+    """(submission file, model file or "*") -> the stated settings: context_tokens, gpu_layers
+    (llama.cpp's -ngl; "all" as a count past any model's layers), n_cpu_moe; a blank is not
+    stated. Read from this package's data (the file is tightfit's, not the shared tables')."""
+    if not _SETTINGS:
+        for r in _read(LLMFIT_SETTINGS_FILE, Path(__file__).parent / "data"):
+            got = {}
+            for key in ("context_tokens", "gpu_layers", "n_cpu_moe"):
+                v = (r.get(key) or "").strip()
+                if v:
+                    got[key] = 1_000_000 if v == "all" else int(v)
+            _SETTINGS[(r["source_file"], r["model_file"])] = got
+    return _SETTINGS
 
 
 def _with_known_attention(model: architectures.ModelSpec) -> architectures.ModelSpec:

@@ -29,6 +29,10 @@ _USABLE = {"apple": 0.75, "unified_soc": 0.9, "cpu": 0.9, "discrete_gpu": 1.0}
 # predicted at 18.0-18.7 GiB that ran on a 24 GiB M4 Pro (cap 18 GiB). So "fits" allows the
 # hard limit; "fits_on_device" keeps the recommended one.
 _HARD_USABLE = {"apple": 0.9}
+# A placement the run set (Workload.gpu_layers / n_cpu_moe) has no margin: its GPU part over the
+# card by no more than this share is within the memory estimate's error (tightfit's own rows,
+# held out by device: 5.4% MAPE on peak memory), and `fits` is left undecided (None) there.
+SET_PLACEMENT_BAND = 0.05
 _HF_LOAD_TRANSIENT = 0.25  # extra copy held while dequantising GGUF tensors at load time
 _GGUF_EMBED_BITS = 8.5  # tightfit keeps a GGUF source's token embedding as stored (Q8_0 here)
 # HF Transformers reading a GGUF file: fp32 copies while converting, ~a quarter of the weights
@@ -56,6 +60,12 @@ class MemoryEstimate:
     # of `host_bytes`, routed-expert weights (an engine that offloads experts first,
     # EngineProfile.experts_to_host); 0 where whole layers go to the host
     host_expert_bytes: float = 0.0
+    # a placement the run set (Workload.gpu_layers / n_cpu_moe: `_set_placement`): the share of
+    # the repeating layers held in host RAM whole, and whether the output layer is there too;
+    # None where the engine placed the layers itself
+    host_layer_share: float | None = None
+    head_on_host: bool = False
+    gpu_bytes: float = 0.0  # ... and what it puts on the GPU(s), buffers and context included
 
 
 def compute_dtype_bytes(s: Scenario) -> float:
@@ -288,9 +298,15 @@ def host_read_share(s: Scenario, prof: EngineProfile, mem: MemoryEstimate,
     weights over `moe_bw_rel`), or, `timed=False`, as bytes."""
     if mem.device_fraction >= 1.0 or step_bytes <= 0:
         return 0.0
+    scale = 1 / prof.moe_bw_rel if timed and s.model.is_moe else 1.0
+    if mem.host_layer_share is not None:  # a placement the run set (`_set_placement`)
+        head = embedding_params(s) * stored_head_bits(s, prof) / 8 * scale
+        _, read = routed_experts(s)
+        on_host = mem.host_layer_share * max(step_bytes - head, 0.0) \
+            + (head if mem.head_on_host else 0.0) + mem.host_expert_bytes * read * scale
+        return min(1.0, on_host / step_bytes)
     if mem.host_expert_bytes > 0:
         _, read = routed_experts(s)
-        scale = 1 / prof.moe_bw_rel if timed else 1.0
         return min(1.0, mem.host_expert_bytes * read * scale / step_bytes)
     return 1.0 - mem.device_fraction
 
@@ -401,6 +417,10 @@ def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
         capacity = max(capacity - prof.device_margin_mb * MB * s.device.device_count, 0.0)
     fits_dev = peak <= capacity
     frac, host, host_experts = 1.0, 0.0, 0.0
+    w = s.workload
+    if gpu and prof.offload == "layer_split" and (w.gpu_layers is not None or w.n_cpu_moe):
+        return _set_placement(s, prof, weights, kv, state, buffers, runtime, transient, peak,
+                              load_peak > serving_peak)
     if not fits_dev and gpu:  # the context is the one asked for: layers go to the host
         room = max(capacity - buffers - runtime - transient, 0.0)
         frac = min(1.0, room / max(placed, 1.0))
@@ -415,6 +435,60 @@ def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
     return MemoryEstimate(weights, kv, buffers, runtime, peak, capacity, frac, host, fits_dev, fits,
                           transient, "load" if load_peak > serving_peak else "serving", state,
                           host_experts)
+
+
+def _set_placement(s: Scenario, prof: EngineProfile, weights: float, kv: float, state: float,
+                   buffers: float, runtime: float, transient: float, peak: float,
+                   load: bool) -> MemoryEstimate:
+    """Where llama.cpp puts a model on a discrete GPU when the run says (`Workload.gpu_layers`,
+    its -ngl; `Workload.n_cpu_moe`, its --n-cpu-moe), read in its llama-model.cpp: the token
+    embedding stays in host RAM (only looked up); of the model's layers + the output layer,
+    the last `gpu_layers` go to the GPU, the output layer first (a tied output layer is loaded
+    again there); a layer's K/V and recurrent state sit where the layer does; --n-cpu-moe keeps
+    the routed experts of the first N layers in host RAM. Nothing is left free for a margin: a
+    GPU part larger than the card fails to load (`fits` false)."""
+    m, w = s.model, s.workload
+    layers = m.n_layers
+    ngl = layers + 1 if w.gpu_layers is None else min(w.gpu_layers, layers + 1)
+    on_gpu = min(max(ngl - 1, 0), layers)  # repeating layers on the GPU: the last ones
+    head_on = ngl >= 1
+    embed = embedding_params(s)
+    token = embed * stored_embed_bits(s, prof) / 8  # the token embedding, as weight_bytes has it
+    head = embed * stored_head_bits(s, prof) / 8
+    body = max(weights - token - (0.0 if m.ties_embeddings else head), 0.0)
+    per_layer = body + kv + state
+    experts, _ = routed_experts(s)
+    expert_layer = experts * s.bits_per_weight / 8 / layers if experts else 0.0
+    # the first layers - on_gpu layers are on the host whole; --n-cpu-moe's further ones keep
+    # only their experts there
+    cpu_layers = layers - on_gpu
+    host_experts = expert_layer * max(min(w.n_cpu_moe or 0, layers) - cpu_layers, 0)
+    share = cpu_layers / layers
+    on_device = (1 - share) * per_layer + (head if head_on else 0.0) - host_experts
+    # a tied output layer off the GPU is the token embedding itself, no second copy
+    total = per_layer + (head if head_on or not m.ties_embeddings else 0.0)
+    host = total - on_device
+    frac = on_device / total if total > 0 else 1.0
+    capacity = s.device.memory_gb * GB * s.device.device_count * _USABLE[s.device.device_class]
+    gpu_part = on_device + buffers + runtime
+    fits_dev = host <= 0 and gpu_part <= capacity
+    if gpu_part <= capacity:
+        fits = _fits(s, fits_dev, True, host + token, prof, peak)
+    else:  # over the card; by less than the estimate's error, undecided
+        fits = None if gpu_part <= capacity * (1 + SET_PLACEMENT_BAND) else False
+    return MemoryEstimate(weights, kv, buffers, runtime, peak, capacity, frac, host, fits_dev,
+                          fits, transient, "load" if load else "serving", state, host_experts,
+                          share, not head_on, gpu_part)
+
+
+def max_gpu_layers(s: Scenario, prof: EngineProfile) -> int:
+    """The largest llama.cpp -ngl (`Workload.gpu_layers`, with the row's n_cpu_moe) whose GPU
+    part fits the card; 0 where even the output layer alone does not."""
+    for ngl in range(s.model.n_layers + 1, 0, -1):
+        mem = estimate(replace(s, workload=replace(s.workload, gpu_layers=ngl)), prof)
+        if mem.gpu_bytes <= mem.capacity_bytes:
+            return ngl
+    return 0
 
 
 def max_context_on_device(s: Scenario, prof: EngineProfile) -> int | None:

@@ -50,6 +50,14 @@ class Workload:
     # the sequences the engine holds cache for (a llama.cpp server's `-np` slots, each
     # `context_tokens` of its `-c`), of which `batch` decode together; None: `batch`
     slots: int | None = None
+    # llama.cpp's own placement on a discrete GPU, where the run set it (an explicit placement
+    # turns `--fit` off): `gpu_layers` is its `-ngl`, the last N of the model's layers + the
+    # output layer counted as one more (the output layer goes first: -ngl 1 holds the output
+    # layer only; n_layers + 1 or more, all); `n_cpu_moe` its `--n-cpu-moe`, the routed-expert
+    # tensors of the first N layers kept in host RAM. None: placed as `--fit` would
+    # (memory.estimate)
+    gpu_layers: int | None = None
+    n_cpu_moe: int | None = None
 
     @property
     def held(self) -> int:
@@ -112,6 +120,7 @@ def parse_row(row: Any) -> Scenario:
         _lite_supported(device, quant)
     workload = _workload(row.get("workload", {}))
     notes = hw_notes + model_notes
+    notes += _placement_check(engine, device, model, workload)
     widen = hw_widen * model_widen
     prof = profile(engine, device.device_class)
     if keeps_quantised(prof, quant):
@@ -439,6 +448,48 @@ def _workload(w: Any) -> Workload:
                        f"{slots} is less than workload.batch = {batch}: an engine decodes at most "
                        f"the sequences it holds; raise slots to at least {batch} (a llama.cpp "
                        "server's -np) or lower batch")
+    place = {key: _placement(w, key) for key in ("gpu_layers", "n_cpu_moe")}
     return Workload(prompt, gen, batch, max(ctx, prompt + gen), kv, moe,
-                    None if fa is None else FLASH_ATTN[key], slots)
+                    None if fa is None else FLASH_ATTN[key], slots, place["gpu_layers"],
+                    place["n_cpu_moe"])
+
+
+def _placement_check(engine: str, device: DeviceSpec, model: ModelSpec,
+                     w: Workload) -> list[str]:
+    """llama.cpp's placement flags belong to llama.cpp (a row error for another engine), and
+    count on a discrete GPU only (a note where they are ignored)."""
+    given = [k for k in ("gpu_layers", "n_cpu_moe") if getattr(w, k) is not None]
+    if not given:
+        return []
+    if engine != "llama.cpp":
+        raise RowError(f"workload.{given[0]}",
+                       f"llama.cpp's placement (-ngl / --n-cpu-moe), not {engine}'s: leave it "
+                       "out, or set engine to llama.cpp")
+    if device.device_class != "discrete_gpu":
+        return [f"workload.{given[0]} ignored: it places layers on a discrete GPU, and "
+                f"{device.name} shares its memory with the processor"]
+    if w.n_cpu_moe and not model.is_moe:
+        return [f"workload.n_cpu_moe ignored: {model.name} has no experts"]
+    return []
+
+
+# llama.cpp's -ngl spellings for every layer
+_ALL_LAYERS = ("all", "max")
+
+
+def _placement(w: dict[str, Any], key: str) -> int | None:
+    """`workload.gpu_layers` (llama.cpp's -ngl: a count, or "all") or `workload.n_cpu_moe`
+    (--n-cpu-moe: a count): a whole number >= 0; a count past the model's layers means all."""
+    value = w.get(key)
+    if value is None:
+        return None
+    if key == "gpu_layers" and isinstance(value, str) and value.strip().lower() in _ALL_LAYERS:
+        return 1_000_000
+    flag = "-ngl" if key == "gpu_layers" else "--n-cpu-moe"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
+            or value < 0 or value != int(value):
+        extra = ' or "all"' if key == "gpu_layers" else ""
+        raise RowError(f"workload.{key}", f"{value!r} is not a whole number >= 0{extra} "
+                       f"(llama.cpp's {flag}); leave it out to place layers as --fit does")
+    return int(min(value, 1_000_000))
 
