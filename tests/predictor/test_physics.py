@@ -280,8 +280,8 @@ def test_llama_cpp_float_decode_on_a_cpu_overlaps_reads_and_arithmetic_more() ->
 def test_llama_cpp_cpu_barriers_cost_more_with_more_threads() -> None:
     """ggml's CPU threads meet at a barrier after every graph node, and a barrier costs more the
     more threads spin on it: a step's overhead grows with the threads, which matters for a small
-    model on a many-core CPU (the llmfit table's 14-core Xeon ran sub-1B models at ~0.5-0.6 of
-    a base without it) and hardly for a large one."""
+    model on a many-core CPU and hardly for a large one (llama.cpp's own test-barrier figures:
+    engines.py)."""
     def analyse(model: str, threads: int) -> roofline.Breakdown:
         return roofline.analyse(parse_row({
             "id": "x", "hardware": {"name": "cpu", "kind": "cpu", "memory_gb": 128,

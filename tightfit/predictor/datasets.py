@@ -160,7 +160,14 @@ def _llmfit_reject(row: dict[str, str], seen: set[tuple[str, ...]]) -> str | Non
         return "weight format not derivable from the file name"
     if float(row["min_decode_tps"]) < MIN_OVER_AVG * float(row["avg_decode_tps"]):
         return "unstable run (min < 0.5 x avg)"
-    return None
+    return _stated(row).get("excluded")
+
+
+def _stated(row: dict[str, str]) -> dict[str, Any]:
+    """The settings the row's submission states (`llmfit_settings`), or {}."""
+    stated = llmfit_settings()
+    return stated.get((row["source_file"], row["model_file"])) or \
+        stated.get((row["source_file"], "*")) or {}
 
 
 def _llmfit_device(row: dict[str, str]) -> DeviceSpec | None:
@@ -183,8 +190,7 @@ def _llmfit_observation(row: dict[str, str]) -> Observation | None:
     if device is None or model is None or quant is None:
         return None
     gen = int(float(row["avg_output_tokens"]))
-    stated = llmfit_settings().get((row["source_file"], row["model_file"])) or \
-        llmfit_settings().get((row["source_file"], "*")) or {}
+    stated = _stated(row)
     # The table does not say what context the server ran with; taken as the request's (a
     # prompt of <= 64 tokens with its chat template, and the tokens generated). llama.cpp's
     # `--fit` floor for a context left unset, 4096, placed the offloaded rows worse
@@ -206,13 +212,15 @@ def _llmfit_observation(row: dict[str, str]) -> Observation | None:
                        "llmfit", whole_request=True)
 
 
-_SETTINGS: dict[tuple[str, str], dict[str, int]] = {}
+_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {}
 
 
-def llmfit_settings() -> dict[tuple[str, str], dict[str, int]]:
+def llmfit_settings() -> dict[tuple[str, str], dict[str, Any]]:
     """(submission file, model file or "*") -> the stated settings: context_tokens, gpu_layers
     (llama.cpp's -ngl; "all" as a count past any model's layers), n_cpu_moe; a blank is not
-    stated. Read from this package's data (the file is tightfit's, not the shared tables')."""
+    stated; `excluded`, where the stated setup is one the predictor has no input for (the rows
+    are dropped, the reason counted as a data rule). Read from this package's data (the file is
+    tightfit's, not the shared tables')."""
     if not _SETTINGS:
         for r in _read(LLMFIT_SETTINGS_FILE, Path(__file__).parent / "data"):
             got = {}
@@ -220,6 +228,8 @@ def llmfit_settings() -> dict[tuple[str, str], dict[str, int]]:
                 v = (r.get(key) or "").strip()
                 if v:
                     got[key] = 1_000_000 if v == "all" else int(v)
+            if (r.get("excluded") or "").strip():
+                got["excluded"] = r["excluded"].strip()
             _SETTINGS[(r["source_file"], r["model_file"])] = got
     return _SETTINGS
 
@@ -254,13 +264,16 @@ def _median_log_ratio(obs: list[Observation]) -> float:
 def relabel_unused_gpus(obs: list[Observation], rows: list[dict[str, str]]) -> tuple[list[Observation], list[str]]:
     """Rule: a discrete GPU whose rows are, in the median, over 1.5x slower than the analytic GPU
     hypothesis and whose host-CPU hypothesis has under half its median log error ran on the CPU:
-    relabel the device (the runtime evidently did not use the GPU)."""
+    relabel the device (the runtime evidently did not use the GPU), unless its submission states
+    a GPU placement (LLMFIT_SETTINGS_FILE)."""
     host_of = {hardware.normalise_name(r["hardware_name"]): r["cpu"] for r in rows}
     out, moved = [], []
     for key in sorted({o.device_key for o in obs}):
         group = [o for o in obs if o.device_key == key]
         cpu = hardware.lookup(host_of.get(key, ""))
-        if group[0].scenario.device.device_class != "discrete_gpu" or cpu is None:
+        stated_gpu = any(o.scenario.workload.gpu_layers for o in group)
+        if group[0].scenario.device.device_class != "discrete_gpu" or cpu is None or stated_gpu:
+            # not where the submission states that its runs put the layers on the GPU
             out += group
             continue
         as_cpu = [replace(o, scenario=replace(o.scenario, device=replace(

@@ -198,8 +198,8 @@ _GGML_STYLE: dict[str, Any] = dict(kv_dtype="f16", prompt_chunk=512, chunk_reads
 # products, one call per layer gathering them, plus routing). Measured against the analytic
 # base, MoE rows minus dense rows of the same device, medians in log space (llmfit table, no
 # offloaded row): Apple M4 Pro -0.38 (5 MoE rows), GB10 -0.33 (26), RX 7900 XT -0.36 (9), so
-# exp(-0.36) = 0.70 on three backends (Metal, CUDA, ROCm/Vulkan); the one CPU (a Xeon, 3 small
-# MoE rows) -0.60, left at the same value. Held out by device (`tightfit predictor evaluate`,
+# exp(-0.36) = 0.70 on three backends (Metal, CUDA, ROCm/Vulkan); the one "CPU" (3 small MoE
+# rows, since found to be the GTX 1050 Ti on Vulkan and left out) -0.60, left at the same value. Held out by device (`tightfit predictor evaluate`,
 # 2026-12-05 09:09 UTC): decode MAPE 11.7% -> 11.6%, llmfit 14.8% -> 13.7%; the MoE rows alone
 # (one-off decode folds) 22.5% -> 15.1% (max 124% -> 87%) (docs/predictor.md).
 # kv_window_extra: llama.cpp's sliding-window layers hold n_swa + n_ubatch cells (512 by
@@ -241,12 +241,15 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
             # layer per thread (5 us also tried). The barrier pull request's own table agrees:
             # stories260k (5 layers) tg128 on an M3 Max at 4 / 8 / 12 threads, 7296 / 3272 /
             # 2407 tok/s, i.e. 137 / 306 / 415 us a token, 7-8.5 us a layer per added thread.
-            # Without it the one many-core CPU in the data (the llmfit table's 14-core Xeon,
-            # its GPU unused) had its sub-1B models at ~0.5-0.6 of the base, which the residual
-            # then carried to every llama.cpp CPU row (this machine's small-model rows 35-43%
-            # too slow held out). Decode folds by device (one-off script, 2026-12-06 05:00 UTC):
-            # 10.64% -> 9.56% (5 us: 9.95%); own data 9.72% -> 7.80%, llmfit 11.93% -> 11.34%,
-            # Apple 6.23% -> 5.90%, the Xeon 15.7% -> 12.8% (docs/predictor.md).
+            # Without it the one many-core CPU in the data then (the llmfit table's GTX 1050 Ti
+            # rows relabelled to their 14-core Xeon host) had its sub-1B models at ~0.5-0.6 of
+            # the base, which the residual carried to every llama.cpp CPU row (this machine's
+            # small-model rows 35-43% too slow held out). Decode folds by device (one-off
+            # script, 2026-12-06 05:00 UTC): 10.64% -> 9.56% (5 us: 9.95%); own data 9.72% ->
+            # 7.80%, llmfit 11.93% -> 11.34%, Apple 6.23% -> 5.90%, that Xeon 15.7% -> 12.8%
+            # (docs/predictor.md). Since 2026-12-07 those rows are known to be the GPU's (their
+            # submission states llama.cpp's Vulkan backend, every layer on the card) and are
+            # left out; the cost stands on llama.cpp's own figures above.
             # batch_whole_first_step: ggml's CPU products take their matrix-vector path for one
             # column only; from two columns a format's batch kernel runs instead: llamafile's
             # tinyBLAS (F16, Q8_0 on x86), the repacked gemm in groups of four columns with one

@@ -61,7 +61,8 @@ PHASE_EXCLUDED = {"prefill": ("share_compute",)}
 PHYSICS_FOR_UNSEEN_CLASS = ("prefill",)
 # Phases whose residual is not applied to a device of a class the training rows hold fewer than
 # MIN_CLASS_DEVICES devices of (models.ResidualModel.known_classes). In decode that class's slopes
-# are other classes' (the size slope is mostly the many-core Xeon's and the GPUs'): held out by
+# are other classes' (the size slope was mostly the GPUs' and the GTX 1050 Ti rows', then read
+# as a many-core Xeon's, since left out): held out by
 # device, the GB10 (its class then placed by a 2-row Intel iGPU alone) read 11.9% with the base
 # alone against 13.0-14.5% with the residual. Decode folds (one-off script, 2026-12-05 17:45 UTC):
 # by device 10.70% -> 10.39% (llmfit 12.93% -> 12.31%; Apple and own rows unchanged), by model
