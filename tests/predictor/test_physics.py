@@ -1257,6 +1257,8 @@ def test_a_set_placement_too_big_for_the_card_does_not_fit_and_says_what_would(r
         parse_row({**row, "workload": {"gpu_layers": -1}})
     with pytest.raises(RowError, match="workload.n_cpu_moe"):
         parse_row({**row, "workload": {"n_cpu_moe": 2.5}})
+    with pytest.raises(RowError, match="workload.gpu_layers"):
+        parse_row({**row, "workload": {"gpu_layers": float("inf")}})
     with pytest.raises(RowError, match="workload.gpu_layers.*not tightfit"):
         parse_row({**row, "engine": "tightfit", "workload": {"gpu_layers": 10}})
     cpu = parse_row({**row, "hardware": {"name": "Ryzen 9 7950X"},

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tightfit.predictor import architectures, formats, hardware, memory
 from tightfit.predictor.hardware import DeviceSpec
-from tightfit.predictor.scenario import Scenario, Workload, stored_bits
+from tightfit.predictor.scenario import ALL_LAYERS, Scenario, Workload, stored_bits
 
 APPLE_FILE = "llamacpp_4167_apple_silicon_llama2_7b.tsv"
 LLMFIT_FILE = "llmfit_community_benchmarks.tsv"
@@ -227,7 +227,7 @@ def llmfit_settings() -> dict[tuple[str, str], dict[str, Any]]:
             for key in ("context_tokens", "gpu_layers", "n_cpu_moe"):
                 v = (r.get(key) or "").strip()
                 if v:
-                    got[key] = 1_000_000 if v == "all" else int(v)
+                    got[key] = ALL_LAYERS if v == "all" else int(v)
             if (r.get("excluded") or "").strip():
                 got["excluded"] = r["excluded"].strip()
             _SETTINGS[(r["source_file"], r["model_file"])] = got

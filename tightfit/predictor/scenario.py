@@ -466,15 +466,16 @@ def _placement_check(engine: str, device: DeviceSpec, model: ModelSpec,
                        f"llama.cpp's placement (-ngl / --n-cpu-moe), not {engine}'s: leave it "
                        "out, or set engine to llama.cpp")
     if device.device_class != "discrete_gpu":
-        return [f"workload.{given[0]} ignored: it places layers on a discrete GPU, and "
-                f"{device.name} shares its memory with the processor"]
+        return [f"workload.{given[0]} ignored: it places layers on a discrete GPU, not on "
+                f"{device.name}"]
     if w.n_cpu_moe and not model.is_moe:
         return [f"workload.n_cpu_moe ignored: {model.name} has no experts"]
     return []
 
 
-# llama.cpp's -ngl spellings for every layer
+# llama.cpp's -ngl spellings for every layer, and the count they stand for (past any model's)
 _ALL_LAYERS = ("all", "max")
+ALL_LAYERS = 1_000_000
 
 
 def _placement(w: dict[str, Any], key: str) -> int | None:
@@ -484,12 +485,12 @@ def _placement(w: dict[str, Any], key: str) -> int | None:
     if value is None:
         return None
     if key == "gpu_layers" and isinstance(value, str) and value.strip().lower() in _ALL_LAYERS:
-        return 1_000_000
+        return ALL_LAYERS
     flag = "-ngl" if key == "gpu_layers" else "--n-cpu-moe"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
-            or value < 0 or value != int(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0 or value != int(value):
         extra = ' or "all"' if key == "gpu_layers" else ""
         raise RowError(f"workload.{key}", f"{value!r} is not a whole number >= 0{extra} "
                        f"(llama.cpp's {flag}); leave it out to place layers as --fit does")
-    return int(min(value, 1_000_000))
+    return int(min(value, ALL_LAYERS))
 
