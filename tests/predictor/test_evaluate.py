@@ -54,8 +54,9 @@ def test_llmfit_rows_take_the_request_as_their_context_and_the_files_tags() -> N
 
 def test_llmfit_rows_run_with_the_settings_their_submissions_state() -> None:
     """Some submissions state the server's settings in the pull request that added them: the
-    RTX 2080's (context 4096, -ngl or --n-cpu-moe per model), the RTX 5070's (context 4096) and
-    the RX 7900 XT's (context 4096, every layer on the card). Those rows run with them."""
+    RTX 2080's (context 4096, -ngl or --n-cpu-moe per model), the RTX 5070's (context 4096), the
+    RX 7900 XT's (context 4096, every layer on the card), and the GB10's and an M4 Pro's
+    (context 4096; unified memory, where -ngl places nothing). Those rows run with them."""
     obs, _ = datasets.load_llmfit()
     by = {(o.device_key, o.scenario.model.name): o.scenario.workload for o in obs}
     gemma = by[("rtx 2080", "gemma-2-9b-it")]
@@ -67,7 +68,9 @@ def test_llmfit_rows_run_with_the_settings_their_submissions_state() -> None:
     assert sum(w.gpu_layers is not None and w.context_tokens == 4096 for w in radeon) >= 78
     rtx5070 = [o.scenario.workload for o in obs if o.device_key == "rtx 5070"]
     assert sum(w.context_tokens == 4096 and w.gpu_layers is None for w in rtx5070) >= 38
-    assert len(datasets.llmfit_settings()) == 20
+    assert sum(o.scenario.workload.context_tokens == 4096 for o in obs
+               if o.device_key in ("gb10", "m4 pro")) >= 130
+    assert len(datasets.llmfit_settings()) == 23
 
 
 def test_llmfit_rates_are_over_the_whole_request() -> None:
