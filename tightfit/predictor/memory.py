@@ -153,6 +153,12 @@ def stored_head_bits(s: Scenario, prof: EngineProfile) -> float:
     return stored_embed_bits(s, prof)
 
 
+def output_layer_bytes(s: Scenario, prof: EngineProfile) -> float:
+    """Bytes of the output layer (the head) as `weight_bytes` stores it; a tied one is the
+    token embedding's."""
+    return embedding_params(s) * stored_head_bits(s, prof) / 8
+
+
 def streamed_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
     """Weight bytes a forward pass costs in time. HF's quantised layers are taken at the speed
     of float weights: no measured rows here, and public reports put bitsandbytes 4-bit at batch
@@ -300,7 +306,7 @@ def host_read_share(s: Scenario, prof: EngineProfile, mem: MemoryEstimate,
         return 0.0
     scale = 1 / prof.moe_bw_rel if timed and s.model.is_moe else 1.0
     if mem.host_layer_share is not None:  # a placement the run set (`_set_placement`)
-        head = embedding_params(s) * stored_head_bits(s, prof) / 8 * scale
+        head = output_layer_bytes(s, prof) * scale
         _, read = routed_experts(s)
         on_host = mem.host_layer_share * max(step_bytes - head, 0.0) \
             + (head if mem.head_on_host else 0.0) + mem.host_expert_bytes * read * scale
@@ -412,15 +418,16 @@ def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
     placed = weights + kv + state  # what goes to a GPU, or partly to the host when it is too small
     load_peak, serving_peak = weights + runtime + transient, placed + runtime + buffers
     peak = max(load_peak, serving_peak)
-    capacity = s.device.memory_gb * GB * s.device.device_count * _USABLE[s.device.device_class]
+    card = s.device.memory_gb * GB * s.device.device_count * _USABLE[s.device.device_class]
+    capacity = card
     if gpu:  # what the engine leaves free on each card
-        capacity = max(capacity - prof.device_margin_mb * MB * s.device.device_count, 0.0)
+        capacity = max(card - prof.device_margin_mb * MB * s.device.device_count, 0.0)
     fits_dev = peak <= capacity
     frac, host, host_experts = 1.0, 0.0, 0.0
     w = s.workload
     if gpu and prof.offload == "layer_split" and (w.gpu_layers is not None or w.n_cpu_moe):
         return _set_placement(s, prof, weights, kv, state, buffers, runtime, transient, peak,
-                              load_peak > serving_peak)
+                              load_peak > serving_peak, card)
     if not fits_dev and gpu:  # the context is the one asked for: layers go to the host
         room = max(capacity - buffers - runtime - transient, 0.0)
         frac = min(1.0, room / max(placed, 1.0))
@@ -439,22 +446,23 @@ def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
 
 def _set_placement(s: Scenario, prof: EngineProfile, weights: float, kv: float, state: float,
                    buffers: float, runtime: float, transient: float, peak: float,
-                   load: bool) -> MemoryEstimate:
+                   load: bool, capacity: float) -> MemoryEstimate:
     """Where llama.cpp puts a model on a discrete GPU when the run says (`Workload.gpu_layers`,
     its -ngl; `Workload.n_cpu_moe`, its --n-cpu-moe), read in its llama-model.cpp: the token
     embedding stays in host RAM (only looked up); of the model's layers + the output layer,
     the last `gpu_layers` go to the GPU, the output layer first (a tied output layer is loaded
     again there); a layer's K/V and recurrent state sit where the layer does; --n-cpu-moe keeps
     the routed experts of the first N layers in host RAM. Nothing is left free for a margin: a
-    GPU part larger than the card fails to load (`fits` false)."""
+    GPU part larger than the card (`capacity`, no margin taken off) fails to load (`fits`
+    false)."""
     m, w = s.model, s.workload
     layers = m.n_layers
     ngl = layers + 1 if w.gpu_layers is None else min(w.gpu_layers, layers + 1)
     on_gpu = min(max(ngl - 1, 0), layers)  # repeating layers on the GPU: the last ones
     head_on = ngl >= 1
-    embed = embedding_params(s)
-    token = embed * stored_embed_bits(s, prof) / 8  # the token embedding, as weight_bytes has it
-    head = embed * stored_head_bits(s, prof) / 8
+    # the token embedding, as weight_bytes has it
+    token = embedding_params(s) * stored_embed_bits(s, prof) / 8
+    head = output_layer_bytes(s, prof)
     body = max(weights - token - (0.0 if m.ties_embeddings else head), 0.0)
     per_layer = body + kv + state
     experts, _ = routed_experts(s)
@@ -469,7 +477,6 @@ def _set_placement(s: Scenario, prof: EngineProfile, weights: float, kv: float, 
     total = per_layer + (head if head_on or not m.ties_embeddings else 0.0)
     host = total - on_device
     frac = on_device / total if total > 0 else 1.0
-    capacity = s.device.memory_gb * GB * s.device.device_count * _USABLE[s.device.device_class]
     gpu_part = on_device + buffers + runtime
     fits_dev = host <= 0 and gpu_part <= capacity
     if gpu_part <= capacity:
