@@ -200,8 +200,9 @@ _GGML_STYLE: dict[str, Any] = dict(kv_dtype="f16", prompt_chunk=512, chunk_reads
 # offloaded row): Apple M4 Pro -0.38 (5 MoE rows), GB10 -0.33 (26), RX 7900 XT -0.36 (9), so
 # exp(-0.36) = 0.70 on three backends (Metal, CUDA, ROCm/Vulkan); the one "CPU" (3 small MoE
 # rows, since found to be the GTX 1050 Ti on Vulkan and left out) -0.60, left at the same
-# value. Held out by device (`tightfit predictor evaluate`, 2026-12-05 09:09 UTC): decode MAPE 11.7% -> 11.6%, llmfit 14.8% -> 13.7%; the MoE rows alone
-# (one-off decode folds) 22.5% -> 15.1% (max 124% -> 87%) (docs/predictor.md).
+# value. Held out by device (`tightfit predictor evaluate`, 2026-12-05 09:09 UTC): decode MAPE
+# 11.7% -> 11.6%, llmfit 14.8% -> 13.7%; the MoE rows alone (one-off decode folds) 22.5% ->
+# 15.1% (max 124% -> 87%) (docs/predictor.md).
 # kv_window_extra: llama.cpp's sliding-window layers hold n_swa + n_ubatch cells (512 by
 # default; llama_kv_cache_iswa, unless --swa-full).
 _LLAMA_CPP: dict[str, Any] = dict(_GGML_STYLE, reserves_chunk=True, moe_bw_rel=0.7,
