@@ -48,6 +48,9 @@ class ModelSpec:
     # what a hybrid's non-attention layers run (a RECURRENT_OPS key), or PARALLEL_HYBRID for
     # layers that run attention and a Mamba-2 mixer side by side (Falcon-H1); "" for none
     mixer: str = ""
+    # Q, K and V in one tensor (Phi-3 / Phi-4's attn_qkv in GGUF), which llama-quantize types
+    # as it types a separate V (formats.mixed_preset_bits)
+    fused_qkv: bool = False
 
     @property
     def layer_ops(self) -> float:
@@ -102,12 +105,12 @@ def _m(name: str, p: float, layers: int, hidden: int, heads: int, kv: int, vocab
        inter: int, active: float | None = None, head_dim: int | None = None,
        experts: float | None = None, ple: float = 0.0, tied: bool | None = None,
        swa: tuple[int, int] = (0, 0), attn: int = 0, state: float = 0.0,
-       mixer: str = "") -> ModelSpec:
+       mixer: str = "", qkv: bool = False) -> ModelSpec:
     return ModelSpec(name, p, active if active is not None else p, layers, hidden, heads, kv,
                      vocab, inter, head_dim or hidden // heads, tied_embeddings=tied,
                      expert_params_b=experts, per_layer_embed_params_b=ple,
                      sliding_window=swa[0], sliding_layers=swa[1], attention_layers=attn,
-                     state_bytes_per_layer=state, mixer=mixer)
+                     state_bytes_per_layer=state, mixer=mixer, fused_qkv=qkv)
 
 
 # Graph operations of a hybrid's recurrent layer (its mixer, norm and FFN) relative to the
@@ -230,11 +233,11 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
        swa=(512, 29)),
     _m("gemma-4-e4b", 8.0, 42, 2560, 8, 2, 262144, 10240, head_dim=256, ple=2.82, tied=True,
        swa=(512, 35)),
-    _m("phi-3-mini", 3.82, 32, 3072, 32, 32, 32064, 8192),
-    _m("phi-3.5-mini", 3.82, 32, 3072, 32, 32, 32064, 8192),
-    _m("phi-3-medium", 14.0, 40, 5120, 40, 10, 32064, 17920),
-    _m("phi-4", 14.7, 40, 5120, 40, 10, 100352, 17920),
-    _m("phi-4-mini", 3.84, 32, 3072, 24, 8, 200064, 8192),
+    _m("phi-3-mini", 3.82, 32, 3072, 32, 32, 32064, 8192, qkv=True),
+    _m("phi-3.5-mini", 3.82, 32, 3072, 32, 32, 32064, 8192, qkv=True),
+    _m("phi-3-medium", 14.0, 40, 5120, 40, 10, 32064, 17920, qkv=True),
+    _m("phi-4", 14.7, 40, 5120, 40, 10, 100352, 17920, qkv=True),
+    _m("phi-4-mini", 3.84, 32, 3072, 24, 8, 200064, 8192, qkv=True),
     _m("mistral-7b", 7.25, 32, 4096, 32, 8, 32768, 14336),
     _m("mistral-nemo", 12.2, 40, 5120, 32, 8, 131072, 14336, head_dim=128),
     _m("mistral-small-24b", 23.6, 40, 5120, 32, 8, 131072, 32768, head_dim=128),
@@ -294,7 +297,8 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("lfm2-8b-a1b", 8.3, 24, 2048, 32, 8, 65536, 1792, active=1.5, attn=6, mixer="short_conv"),
     _m("ernie-4.5-21b-a3b", 21.8, 28, 2560, 20, 4, 103424, 1536, active=3.0),
     _m("ernie-4.5-0.3b", 0.36, 18, 1024, 16, 2, 103424, 3072),
-    _m("phi-4-reasoning-plus", 14.7, 40, 5120, 40, 10, 100352, 17920),
+    _m("phi-4-reasoning-plus", 14.7, 40, 5120, 40, 10, 100352, 17920,
+       qkv=True),
     _m("mistral-small-3.2-24b", 23.6, 40, 5120, 32, 8, 131072, 32768, head_dim=128),
     _m("magistral-small", 23.6, 40, 5120, 32, 8, 131072, 32768, head_dim=128),
     _m("devstral-small", 23.6, 40, 5120, 32, 8, 131072, 32768, head_dim=128),

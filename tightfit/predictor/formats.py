@@ -143,6 +143,71 @@ def bits_for_shape(name: str, bits: float, share: float) -> float:
     return bits + share * (fallback - bits)
 
 
+# llama-quantize's Q4_K_M and Q5_K_M (llama_tensor_get_type in the vendored llama-quant.cpp)
+# store attn_v (and the tensors it treats alike: a fused attn_qkv, MLA's attn_kv_b) and
+# ffn_down in Q6_K for the layers its use_more_bits picks, about half of them, and every other
+# decoder weight in the base type (Q4_K / Q5_K). What the preset averages therefore depends on
+# how much of a layer those two tensors are: a grouped-query model's small attn_v gives
+# Qwen2.5-14B 4.79 bits a decoder weight, where the preset's 7B average (4.85) counts the
+# embedding and an MHA model's attn_v.
+_MORE_BITS_BASE = {"q4_k_m": "q4_k", "q5_k_m": "q5_k"}
+_Q6_K = 6.5625
+# the 32-block type llama-quantize stores a tensor in when its rows are not whole 256-weight
+# blocks (tensor_type_fallback)
+_BLOCK_FALLBACK = {"q4_k": 5.5, "q5_k": 6.0, "q6_k": 8.5}
+
+
+def more_bits_share(n_layers: int) -> float:
+    """Share of `n_layers` layers that llama-quantize's use_more_bits picks: the first and last
+    eighth, and every third layer between."""
+    if n_layers <= 0:
+        return 0.0
+    e = n_layers // 8
+    picked = sum(1 for i in range(n_layers)
+                 if i < e or i >= 7 * n_layers // 8 or (i - e) % 3 == 2)
+    return picked / n_layers
+
+
+def mixed_preset_bits(preset: str, hidden: int, q_out: int, kv_out: int, inter: int,
+                      layers: int, attn_layers: int, body_params: float,
+                      other_params: float = 0.0, fallback: bool = True,
+                      fused_qkv: bool = False) -> float | None:
+    """Average stored bits of the decoder weights (all but the token embedding and the output
+    head) of a Q4_K_M / Q5_K_M file of this shape, tensor group by group; None for another
+    format. `body_params`: those weights' count; `other_params`: of them, a hybrid's recurrent
+    mixers (at the base type); the FFN is the rest. `fallback`: the widths are the model's own,
+    so a width off the 256 block takes the 32-block type."""
+    key = _MORE_BITS_BASE.get(normalise(preset))
+    if key is None or body_params <= 0 or layers <= 0:
+        return None
+    base = BITS_PER_WEIGHT[key]
+
+    def bits(width: int, more: float = 0.0) -> float:
+        def one(t: str) -> float:
+            plain = _Q6_K if t == "q6_k" else base
+            return _BLOCK_FALLBACK[t] if fallback and width % 256 else plain
+        return (1.0 - more) * one(key) + more * one("q6_k")
+
+    attn_layers = min(attn_layers, layers)
+    v_more = more_bits_share(attn_layers)
+    if fused_qkv:  # one attn_qkv tensor, typed as attn_v
+        groups = [(attn_layers * hidden * (q_out + 2 * kv_out), bits(hidden, v_more))]
+    else:  # (parameters, bits)
+        groups = [(attn_layers * hidden * (q_out + kv_out), bits(hidden)),
+                  (attn_layers * hidden * kv_out, bits(hidden, v_more))]
+    groups.append((attn_layers * q_out * hidden, bits(q_out)))
+    attn = sum(p for p, _ in groups)
+    other = min(max(other_params, 0.0), max(body_params - attn, 0.0))
+    ffn = max(body_params - attn - other, 0.0)
+    groups += [
+        (other, bits(hidden)),
+        (2.0 / 3.0 * ffn, bits(hidden)),  # gated FFNs: gate, up, down of one size
+        (ffn / 3.0, bits(inter, more_bits_share(layers))),
+    ]
+    total = sum(p for p, _ in groups)
+    return sum(p * b for p, b in groups) / total if total > 0 else None
+
+
 def kv_bytes(name: str) -> float:
     """Bytes per stored KV element for a KV dtype name."""
     key = normalise(name)

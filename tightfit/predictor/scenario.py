@@ -148,12 +148,36 @@ def stored_bits(quant: str, model: ModelSpec) -> float:
     model's widths are not multiples of 256 and llama.cpp's quantizer stored those tensors in
     a 32-block fallback type (formats.bits_for_shape; shapes known from the table or given)."""
     bits = formats.bits_per_weight(quant)
+    mixed = _mixed_preset_bits(quant, model)
+    if mixed is not None:
+        return mixed
     if not model.shape_known:
         return bits
     share = formats.shape_fallback_share(model.hidden_size, model.n_heads * model.head_dim,
                                          model.n_kv_heads * model.head_dim,
                                          model.intermediate_size)
     return formats.bits_for_shape(quant, bits, share)
+
+
+def _mixed_preset_bits(quant: str, model: ModelSpec) -> float | None:
+    """Q4_K_M / Q5_K_M: the decoder weights' bits from the model's tensor sizes
+    (formats.mixed_preset_bits). The embedding tables (a tied one once, untied two; capped as
+    memory.embedding_params caps them) and per-layer embeddings are not decoder weights; a
+    hybrid's recurrent layer is taken to hold as many mixer weights as an attention layer
+    holds attention weights; an estimated shape gets no 32-block fallback."""
+    tables = 1 if model.ties_embeddings else 2
+    cap = 0.8 if model.ties_embeddings else 0.5
+    embed = min(model.embedding_params, cap * model.params_b * 1e9) * tables
+    body = model.params_b * 1e9 - embed - model.per_layer_embed_params_b * 1e9
+    layers = max(model.n_layers // max(model.layer_loops, 1), 1)
+    attn_layers = max(model.kv_layers // max(model.layer_loops, 1), 1)
+    q_out, kv_out = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
+    attn_weights = model.hidden_size * 2 * (q_out + kv_out)
+    mixers = layers if model.mixer == architectures.PARALLEL_HYBRID else layers - attn_layers
+    return formats.mixed_preset_bits(quant, model.hidden_size, q_out, kv_out,
+                                     model.intermediate_size, layers, attn_layers, body,
+                                     mixers * attn_weights, fallback=model.shape_known,
+                                     fused_qkv=model.fused_qkv)
 
 
 def _kv_notes(m: ModelSpec, window_extra: int | None, context: int,
