@@ -137,12 +137,17 @@ def test_predict(server: Any, wrap: bool) -> None:
                              "model": {"name": "Meta-Llama-3-8B", "params_b": 8.03},
                              "quant": "Q4_K_M", "engine": "llama.cpp",
                              "workload": {"prompt_tokens": 512, "gen_tokens": 128, "batch": 1}}]
+    # a row naming a file on the server's machine: the service does not open it
+    from tightfit.engine.loader.resolve import resolve_model
+    rows.append({"id": "file", "hardware": {"name": "RTX 3070"}, "engine": "llama.cpp",
+                 "model": {"path": str(resolve_model("gemma3"))}})
     with server.http() as http:
         r = http.post("/v1/predict", json={"scenarios": rows} if wrap else rows)
     assert r.status_code == 200, r.text
     data = r.json()["data"]
-    assert [d["id"] for d in data] == ["bad", "ok"]
+    assert [d["id"] for d in data] == ["bad", "ok", "file"]
     assert "error" in data[0] and "error" not in data[1] and data[1]["decode_tok_s"] > 0
+    assert data[2]["error"]["field"] == "model.path"
 
 
 def test_openapi_schema_lists_the_endpoints(server: Any) -> None:

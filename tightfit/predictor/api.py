@@ -30,10 +30,12 @@ def to_json(p: core.Prediction, s: Scenario) -> dict[str, Any]:
     }
 
 
-def predict_one(row: Any, model: PredictorModel | None = None) -> dict[str, Any]:
+def predict_one(row: Any, model: PredictorModel | None = None,
+                files: bool = True) -> dict[str, Any]:
+    """One row's prediction; `files`: the row may name a local GGUF file (`model.path`)."""
     rid = row.get("id") if isinstance(row, dict) else None
     try:
-        scenario = parse_row(row)
+        scenario = parse_row(row, files)
         observed = row.get("observed") if isinstance(row.get("observed"), dict) else None
         m = model or artefact.load()
         pred = core.predict_scenario(scenario, m, observed)
@@ -43,7 +45,9 @@ def predict_one(row: Any, model: PredictorModel | None = None) -> dict[str, Any]
         return {"id": rid, "error": {"field": exc.field, "message": str(exc)}}
 
 
-def predict(rows: Sequence[Any], model: PredictorModel | None = None) -> list[dict[str, Any]]:
-    """Predict every row; rows that fail validation carry an `error` entry naming the field."""
+def predict(rows: Sequence[Any], model: PredictorModel | None = None,
+            files: bool = True) -> list[dict[str, Any]]:
+    """Predict every row; rows that fail validation carry an `error` entry naming the field.
+    `files=False` (the server) refuses rows that name a local file to read."""
     m = model or artefact.load()
-    return [predict_one(r, m) for r in rows]
+    return [predict_one(r, m, files) for r in rows]

@@ -83,6 +83,8 @@ def embedding_params(s: Scenario) -> float:
 
 def gguf_head_bits(s: Scenario) -> float:
     """Bits of a GGUF preset's output head, or of its tied token embedding (the head too)."""
+    if s.head_bits is not None:
+        return s.head_bits
     if s.embed_bits is not None:
         return s.embed_bits
     return formats.gguf_head_bits(s.quant, s.bits_per_weight, s.model.hidden_size)

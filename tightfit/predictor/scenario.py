@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tightfit.errors import TightfitError
-from tightfit.predictor import architectures, formats, hardware
+from tightfit.predictor import architectures, formats, gguf_header, hardware
 from tightfit.predictor.architectures import ModelSpec
 from tightfit.predictor.engines import (ENGINES, LITE_QUANTS, canonical_engine,
                                        keeps_quantised, profile)
@@ -86,8 +86,10 @@ class Scenario:
     widen: float = 1.0  # >1 when inputs were filled by estimates; multiplies the error band
     notes: tuple[str, ...] = field(default_factory=tuple)
     # bits of the token embedding and output head where the file keeps them in a float type
-    # (`Q4_K_M-f16`, formats.split_embed_tag); None: as the preset stores them
+    # (`Q4_K_M-f16`, formats.split_embed_tag) or a file read says (`model.path`: the token
+    # embedding's); None: as the preset stores them
     embed_bits: float | None = None
+    head_bits: float | None = None  # the output head's, where a file read says (else embed_bits)
 
 
 def device_profile_path() -> Path:
@@ -99,8 +101,9 @@ def device_profile_path() -> Path:
     return Path(env) if env else cache_root() / "device.json"
 
 
-def parse_row(row: Any) -> Scenario:
-    """Validate one input object; raises RowError naming the first bad field."""
+def parse_row(row: Any, files: bool = True) -> Scenario:
+    """Validate one input object; raises RowError naming the first bad field. `files`: a row
+    may name a local GGUF file (`model.path`) to read its shape and stored sizes from."""
     if not isinstance(row, dict):
         raise RowError("row", f"expected a JSON object, got {type(row).__name__}")
     if "_parse_error" in row:
@@ -110,11 +113,17 @@ def parse_row(row: Any) -> Scenario:
         raise RowError("id", "missing; give each scenario a unique id")
     device, hw_widen, hw_notes = _device(_section(row, "hardware"))
     model_section = _section(row, "model")
-    model, model_widen, model_notes = _model(model_section)
-    quant, embed_bits = _quant(row.get("quant"))
-    if embed_bits is None:  # a GGUF file name as the model, tagged after the same preset
-        embed_bits = _file_embed_bits(model_section.get("name"), quant)
-    bpw = stored_bits(quant, model)
+    file = _gguf_file(model_section, files)
+    model, model_widen, model_notes = _model(model_section, file.spec if file else None)
+    quant, embed_bits = _quant(_file_quant(row.get("quant"), file))
+    head_bits = None
+    if file is not None:  # the file's own sizes: its decoder's average, its two tables'
+        bpw, embed_bits, head_bits = file.decoder_bits, file.token_embd_bits, file.head_bits
+        model_notes = model_notes + [_file_note(file)]
+    else:
+        if embed_bits is None:  # a GGUF file name as the model, tagged after the same preset
+            embed_bits = _file_embed_bits(model_section.get("name"), quant)
+        bpw = stored_bits(quant, model)
     engine = _engine(row.get("engine"))
     if engine == "tightfit-lite":
         _lite_supported(device, quant)
@@ -130,7 +139,7 @@ def parse_row(row: Any) -> Scenario:
         widen *= 1.5
     notes += _kv_notes(model, prof.kv_window_extra, workload.context_tokens,
                        prof.decode_reads_window)
-    if embed_bits is not None:
+    if embed_bits is not None and file is None:
         notes.append(f"token embedding and output head at {embed_bits:g} bits (the format's "
                      "tag), the rest as the preset stores it")
     if engine == "llama.cpp" and device.device_class == "cpu" and workload.flash_attn is None \
@@ -140,7 +149,52 @@ def parse_row(row: Any) -> Scenario:
                      "llama-cpp-python (off by default) or -fa off set workload.flash_attn "
                      "to false")
     return Scenario(str(rid), device, model, quant, bpw, engine, workload, widen, tuple(notes),
-                    embed_bits)
+                    embed_bits, head_bits)
+
+
+def _gguf_file(m: dict[str, Any], files: bool) -> gguf_header.GGUFModel | None:
+    """The GGUF file `model.path` names, read; None without a path."""
+    path = m.get("path")
+    if path is None:
+        return None
+    if not files:
+        raise RowError("model.path", "this service does not open files a request names; give "
+                       "the model by name (and shape), or run `tightfit predict` on the machine "
+                       "that holds the file")
+    if not isinstance(path, str) or not path.strip():
+        raise RowError("model.path", f"expected a GGUF file's path, got {path!r}")
+    if not path.strip().lower().endswith(".gguf"):
+        raise RowError("model.path", f"{path!r} is not a .gguf file; only GGUF headers are read "
+                       "(for another format give the model by name)")
+    try:
+        return gguf_header.read(path.strip())
+    except gguf_header.GGUFHeaderError as exc:
+        raise RowError("model.path", str(exc)) from None
+
+
+def _file_quant(value: Any, file: gguf_header.GGUFModel | None) -> Any:
+    """The row's quant, checked against the file's; the file's where the row gives none."""
+    if file is None:
+        return value
+    if value is None:
+        if file.quant is None:
+            raise RowError("quant", f"{file.path!r} names no weight format tightfit knows "
+                           "(general.file_type); give quant")
+        return file.quant
+    if file.quant is not None and isinstance(value, str) and \
+            formats.normalise(formats.split_embed_tag(value)[0]) != file.quant:
+        raise RowError("quant", f"{value!r}, but {file.path!r} holds {file.quant.upper()}; leave "
+                       "quant out or give the file's")
+    return value
+
+
+def _file_note(file: gguf_header.GGUFModel) -> str:
+    m = file.spec
+    traits = "its family's window and hybrid traits from the table" if file.traits_from_table \
+        else "its family is not in the table: window and hybrid traits from the header"
+    return (f"shape and stored sizes read from {Path(file.path).name} ({file.arch}): "
+            f"{m.params_b:.3g}B weights, {file.decoder_bits:.3g} bits a decoder weight, token "
+            f"embedding {file.token_embd_bits:.3g}, output head {file.head_bits:.3g}; {traits}")
 
 
 def stored_bits(quant: str, model: ModelSpec) -> float:
@@ -332,11 +386,13 @@ _MODEL_INT_FIELDS = {"n_layers": 4096, "hidden_size": 1_000_000, "intermediate_s
                      "attention_layers": 4096}
 
 
-def _model(m: dict[str, Any]) -> tuple[ModelSpec, float, list[str]]:
+def _model(m: dict[str, Any], read: ModelSpec | None = None) -> tuple[ModelSpec, float, list[str]]:
+    """The model section as a ModelSpec: the table's by name, else one estimated from its size;
+    `read`: a file's (`model.path`). Shape fields the row gives override either."""
     name = str(m.get("name") or "").strip()
     params = _number(m, "params_b", "model", 0, 20000)
     active = _number(m, "active_params_b", "model", 0, 20000)
-    spec = architectures.lookup(name) if name else None
+    spec = read or (architectures.lookup(name) if name else None)
     if spec is None and params is None:
         raise RowError("model.params_b", f"missing and no size can be derived from name {name!r}; "
                        "give params_b (billions)")

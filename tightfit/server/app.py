@@ -100,7 +100,7 @@ def _add_routes(app: FastAPI, ctx: ServingContext, monitor: ResourceMonitor) -> 
         one prediction row each out (bad rows carry an `error` entry naming the field)."""
         from tightfit.predictor import predict as run_predict
 
-        return P.PredictResponse(data=run_predict(_scenarios(body)))
+        return P.PredictResponse(data=run_predict(_scenarios(body), files=False))
 
     @app.get("/metrics")
     async def metrics() -> Response:

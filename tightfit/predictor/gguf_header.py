@@ -1,0 +1,292 @@
+"""A local GGUF file as a predictor input: the model's shape and its tensors' stored sizes, read
+from the file's header and tensor table; no weight is read.
+
+A row that names a file (`"model": {"path": ".../Qwen2.5-14B-Instruct-Q4_K_M.gguf"}`) gets the
+shape llama.cpp will load and the bytes the file holds, where a name alone gets the table's shape
+and the preset's average bits. What a header does not say (which layers attend to a window, what
+a hybrid's other layers run, a recurrent layer's state) comes from the architecture table when
+the file's name finds its family there, else from the keys llama.cpp's loader reads for it.
+
+The header is walked here with the `gguf` package's constants (value types, block sizes):
+its GGUFReader builds an array view per vocabulary entry, 11 s for Gemma 3 270M's 262,144
+tokens on this machine, where skipping them takes well under a second.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tightfit.predictor import architectures, formats
+
+# a hybrid's non-attention layers by llama.cpp architecture (ModelSpec.mixer)
+_ARCH_MIXER = {
+    "granitehybrid": "mamba2", "nemotron_h": "mamba2", "nemotron_h_moe": "mamba2",
+    "mamba2": "mamba2", "qwen3next": "gated_deltanet", "qwen35": "gated_deltanet",
+    "qwen35moe": "gated_deltanet", "kimi-linear": "gated_deltanet", "lfm2": "short_conv",
+    "lfm2moe": "short_conv", "jamba": "mamba", "mamba": "mamba", "plamo2": "mamba",
+    "falcon-h1": architectures.PARALLEL_HYBRID,
+}
+# tensors a token looks up rather than multiplies, kept apart from the decoder's average
+_TOKEN_EMBD, _OUTPUT, _PER_LAYER = "token_embd.weight", "output.weight", \
+    "per_layer_token_embd.weight"
+
+
+@dataclass(frozen=True)
+class GGUFModel:
+    path: str
+    arch: str
+    name: str                  # what the architecture table is asked for the family's traits
+    quant: str | None          # the preset `general.file_type` names, formats' spelling
+    spec: architectures.ModelSpec
+    decoder_bits: float        # stored bits a weight averages outside the embedding tables
+    token_embd_bits: float
+    head_bits: float           # the output head's (a tied file: the token embedding's)
+    file_bytes: int
+    traits_from_table: bool    # window / hybrid traits came from the table
+
+
+class GGUFHeaderError(ValueError):
+    """The file is missing, not a GGUF file, or lacks a key the shape needs."""
+
+
+# numeric arrays longer than this (a tokenizer's scores, token types) are skipped, not kept
+_KEEP_ARRAY = 65536
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    name: str
+    shape: tuple[int, ...]
+    n_elements: int
+    n_bytes: int
+
+
+class _Header:
+    """A GGUF file's key-value pairs (long arrays left out) and tensor table."""
+
+    def __init__(self, data: bytes | memoryview) -> None:
+        import gguf
+
+        self._buf, self._pos = data, 0
+        self._scalar = {
+            gguf.GGUFValueType.UINT8: "<B", gguf.GGUFValueType.INT8: "<b",
+            gguf.GGUFValueType.UINT16: "<H", gguf.GGUFValueType.INT16: "<h",
+            gguf.GGUFValueType.UINT32: "<I", gguf.GGUFValueType.INT32: "<i",
+            gguf.GGUFValueType.FLOAT32: "<f", gguf.GGUFValueType.BOOL: "<?",
+            gguf.GGUFValueType.UINT64: "<Q", gguf.GGUFValueType.INT64: "<q",
+            gguf.GGUFValueType.FLOAT64: "<d"}
+        magic, version = self._read("<I"), self._read("<I")
+        if magic != gguf.GGUF_MAGIC:
+            raise GGUFHeaderError("no GGUF magic at the start")
+        if version not in (2, 3):
+            raise GGUFHeaderError(f"GGUF version {version} is not read (2 and 3 are)")
+        n_tensors, n_kv = self._read("<Q"), self._read("<Q")
+        self.fields: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = self._string()
+            self.fields[key] = self._value(gguf.GGUFValueType(self._read("<I")))
+        self.tensors: list[_Tensor] = []
+        for _ in range(n_tensors):
+            name = self._string()
+            dims = tuple(self._read("<Q") for _ in range(self._read("<I")))
+            qtype = gguf.GGMLQuantizationType(self._read("<I"))
+            self._read("<Q")  # offset
+            n = 1
+            for d in dims:
+                n *= d
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+            self.tensors.append(_Tensor(name, dims, n, n // block * size))
+
+    def _read(self, fmt: str) -> Any:
+        import struct
+
+        (v,) = struct.unpack_from(fmt, self._buf, self._pos)
+        self._pos += struct.calcsize(fmt)
+        return v
+
+    def _string(self) -> str:
+        n = self._read("<Q")
+        raw = bytes(self._buf[self._pos:self._pos + n])
+        self._pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def _value(self, vtype: Any) -> Any:
+        import struct
+
+        import gguf
+
+        if vtype == gguf.GGUFValueType.STRING:
+            return self._string()
+        if vtype != gguf.GGUFValueType.ARRAY:
+            return self._read(self._scalar[vtype])
+        item, n = gguf.GGUFValueType(self._read("<I")), self._read("<Q")
+        if item == gguf.GGUFValueType.STRING:  # a tokenizer's vocabulary: skipped
+            for _ in range(n):
+                length = self._read("<Q")  # read first: it moves the position
+                self._pos += length
+            return None
+        if item == gguf.GGUFValueType.ARRAY:
+            return [self._value(item) for _ in range(n)] if n <= _KEEP_ARRAY else None
+        fmt = self._scalar[item]
+        width = struct.calcsize(fmt)
+        if n > _KEEP_ARRAY:
+            self._pos += n * width
+            return None
+        values = list(struct.unpack_from(f"<{n}{fmt[1]}", self._buf, self._pos))
+        self._pos += n * width
+        return values
+
+
+def _value(header: _Header, key: str) -> Any:
+    return header.fields.get(key)
+
+
+def _ints(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value]
+    return [int(value)]
+
+
+def _quant_name(file_type: Any) -> str | None:
+    """`general.file_type` (llama.cpp's llama_ftype) as formats spells the preset."""
+    import gguf
+
+    try:
+        name = gguf.LlamaFileType(int(file_type)).name
+    except (TypeError, ValueError):
+        return None
+    name = name.removeprefix("MOSTLY_").removeprefix("ALL_").lower()
+    name = {"f32": "fp32", "f16": "fp16", "mxfp4_moe": "mxfp4"}.get(name, name)
+    return name if formats.is_known(name) else None
+
+
+def read(path: str | Path) -> GGUFModel:
+    """The model a GGUF file holds; GGUFHeaderError says what is wrong with the file."""
+    import mmap
+    import struct
+
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise GGUFHeaderError(f"no file at {str(p)!r}")
+    try:
+        with open(p, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            with memoryview(mm) as view:
+                reader = _Header(view)
+    except GGUFHeaderError as exc:
+        raise GGUFHeaderError(f"{str(p)!r} is not a readable GGUF file ({exc})") from None
+    except (OSError, ValueError, KeyError, struct.error) as exc:  # empty, cut short, unknown type
+        raise GGUFHeaderError(f"{str(p)!r} is not a readable GGUF file "
+                              f"({type(exc).__name__}: {exc})") from None
+    arch = _value(reader, "general.architecture")
+    if not isinstance(arch, str):
+        raise GGUFHeaderError(f"{str(p)!r} names no general.architecture")
+
+    def key(k: str) -> Any:
+        return _value(reader, f"{arch}.{k}")
+
+    elems: dict[str, int] = {}
+    nbytes: dict[str, int] = {}
+    shapes: dict[str, list[int]] = {}
+    experts = total = 0
+    fused_qkv = False
+    for t in reader.tensors:
+        n, b = int(t.n_elements), int(t.n_bytes)
+        total += n
+        group = t.name if t.name in (_TOKEN_EMBD, _OUTPUT, _PER_LAYER) else "decoder"
+        elems[group] = elems.get(group, 0) + n
+        nbytes[group] = nbytes.get(group, 0) + b
+        shapes[t.name] = [int(x) for x in t.shape]
+        if "_exps" in t.name:
+            experts += n
+        fused_qkv = fused_qkv or t.name.endswith("attn_qkv.weight")
+    layers = _ints(key("block_count"))
+    hidden = _ints(key("embedding_length"))
+    heads = [h for h in _ints(key("attention.head_count")) if h > 0]
+    if not layers or not hidden or not heads or _TOKEN_EMBD not in shapes:
+        raise GGUFHeaderError(f"{str(p)!r} ({arch}) lacks the block count, width, head count or "
+                              "token embedding a shape needs")
+    n_layers, width = layers[0], hidden[0]
+    kv_per_layer = _ints(key("attention.head_count_kv")) or [max(heads)]
+    kv_heads = max(kv_per_layer) or max(heads)
+    # a per-layer list with zeros: the layers without K/V run something else (a hybrid)
+    attn_layers = sum(1 for h in kv_per_layer if h > 0) if len(kv_per_layer) > 1 else 0
+    interval = _ints(key("full_attention_interval"))
+    if not attn_layers and interval and interval[0] > 1:
+        attn_layers = n_layers // interval[0]
+    head_dim = (_ints(key("attention.key_length")) or [width // max(heads)])[0]
+    mla = (_ints(key("attention.kv_lora_rank")) or [0])[0]
+    if mla > 0:  # MLA as llama.cpp caches it: the latent + the rope part, V a view of K
+        rope = (_ints(key("rope.dimension_count")) or [64])[0]
+        kv_heads, head_dim = 1, (mla + rope) // 2
+    n_expert = (_ints(key("expert_count")) or [0])[0]
+    used = (_ints(key("expert_used_count")) or [0])[0]
+    ffn = [f for f in _ints(key("feed_forward_length")) if f > 0]
+    expert_ffn = (_ints(key("expert_feed_forward_length")) or [0])[0]
+    inter = expert_ffn if n_expert > 1 and expert_ffn > 0 else (max(ffn) if ffn else 4 * width)
+    active = total - (experts * (1 - used / n_expert) if n_expert > 1 and used > 0 else 0)
+    vocab = shapes[_TOKEN_EMBD][1] if len(shapes[_TOKEN_EMBD]) > 1 else 0
+
+    name = p.name
+    table = None
+    for candidate in (p.name, f"{_value(reader, 'general.basename') or ''}-"
+                      f"{_value(reader, 'general.size_label') or ''}",
+                      str(_value(reader, "general.name") or "")):
+        table = architectures.lookup(candidate) if candidate.strip("-") else None
+        if table is not None:
+            name = candidate
+            break
+    spec = architectures.ModelSpec(
+        name=name, params_b=total / 1e9, active_params_b=active / 1e9, n_layers=n_layers,
+        hidden_size=width, n_heads=max(heads), n_kv_heads=kv_heads, vocab_size=vocab,
+        intermediate_size=inter, head_dim=head_dim, tied_embeddings=_OUTPUT not in shapes,
+        expert_params_b=experts / 1e9 if experts else None,
+        per_layer_embed_params_b=elems.get(_PER_LAYER, 0) / 1e9, fused_qkv=fused_qkv)
+    if table is not None:  # the family's traits; the numbers are the file's
+        spec = _with_traits(spec, table, attn_layers)
+    else:
+        spec = _traits_from_keys(spec, arch, key, attn_layers)
+
+    def bits(group: str) -> float:
+        return 8.0 * nbytes[group] / elems[group] if elems.get(group) else 0.0
+
+    embd_bits = bits(_TOKEN_EMBD)
+    return GGUFModel(str(p), arch, name, _quant_name(_value(reader, "general.file_type")), spec,
+                     bits("decoder"), embd_bits, bits(_OUTPUT) or embd_bits, p.stat().st_size,
+                     table is not None)
+
+
+def _with_traits(spec: architectures.ModelSpec, table: architectures.ModelSpec,
+                 attn_layers: int) -> architectures.ModelSpec:
+    """The table's window, hybrid and loop traits on the file's numbers (the header's count
+    of attending layers where it gives one)."""
+    from dataclasses import replace
+
+    return replace(spec, sliding_window=table.sliding_window,
+                   sliding_layers=min(table.sliding_layers, spec.n_layers),
+                   attention_layers=min(attn_layers or table.attention_layers, spec.n_layers),
+                   state_bytes_per_layer=table.state_bytes_per_layer, mixer=table.mixer,
+                   layer_loops=table.layer_loops)
+
+
+def _traits_from_keys(spec: architectures.ModelSpec, arch: str, key: Any,
+                      attn_layers: int) -> architectures.ModelSpec:
+    """A family the table does not know: a window where the header gives one with its layer
+    pattern, a hybrid's layers by its architecture; its recurrent state is not counted."""
+    from dataclasses import replace
+
+    window = (_ints(key("attention.sliding_window")) or [0])[0]
+    pattern = key("attention.sliding_window_pattern")
+    sliding = 0
+    if window > 0 and isinstance(pattern, (list, tuple)):
+        sliding = sum(1 for v in pattern if v)
+    elif window > 0 and _ints(pattern) and _ints(pattern)[0] > 1:
+        every = _ints(pattern)[0]
+        sliding = spec.n_layers - spec.n_layers // every
+    mixer = _ARCH_MIXER.get(arch, "")
+    if mixer and mixer != architectures.PARALLEL_HYBRID and not 0 < attn_layers < spec.n_layers:
+        mixer = ""  # no way to tell which layers attend: taken as all
+    return replace(spec, sliding_window=window if sliding else 0, sliding_layers=sliding,
+                   attention_layers=attn_layers if mixer else 0, mixer=mixer)
