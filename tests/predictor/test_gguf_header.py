@@ -132,7 +132,7 @@ def test_bad_files_and_mismatched_formats_are_row_errors(tmp_path: Path) -> None
         str(tmp_path / "missing.gguf"): ("model.path", "no file"),
         str(empty): ("model.path", "not a readable GGUF"),
         str(text): ("model.path", "not a GGUF file"),
-        str(tmp_path / "x.safetensors"): ("model.path", "not a .gguf"),
+        str(tmp_path / "x.safetensors"): ("model.path", "neither a .gguf file nor a model"),
     }
     for p, (field, words) in cases.items():
         out = predict([_row(p)])[0]

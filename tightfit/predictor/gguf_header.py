@@ -152,7 +152,7 @@ def read(path: str | Path) -> GGUFModel:
         expert_params_b=experts / 1e9 if experts else None,
         per_layer_embed_params_b=elems.get(_PER_LAYER, 0) / 1e9, fused_qkv=fused_qkv)
     if table is not None:  # the family's traits; the numbers are the file's
-        spec = _with_traits(spec, table, attn_layers)
+        spec = with_traits(spec, table, attn_layers)
     else:
         spec = _traits_from_keys(spec, arch, key, attn_layers)
 
@@ -165,7 +165,7 @@ def read(path: str | Path) -> GGUFModel:
                      table is not None)
 
 
-def _with_traits(spec: architectures.ModelSpec, table: architectures.ModelSpec,
+def with_traits(spec: architectures.ModelSpec, table: architectures.ModelSpec,
                  attn_layers: int) -> architectures.ModelSpec:
     """The table's window, hybrid and loop traits on the file's numbers (the header's count
     of attending layers where it gives one)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tightfit.errors import TightfitError
-from tightfit.predictor import architectures, formats, gguf_header, hardware
+from tightfit.predictor import architectures, formats, gguf_header, hardware, hf_dir
 from tightfit.predictor.architectures import ModelSpec
 from tightfit.predictor.engines import (ENGINES, LITE_QUANTS, canonical_engine,
                                        keeps_quantised, profile)
@@ -113,13 +113,14 @@ def parse_row(row: Any, files: bool = True) -> Scenario:
         raise RowError("id", "missing; give each scenario a unique id")
     device, hw_widen, hw_notes = _device(_section(row, "hardware"))
     model_section = _section(row, "model")
-    file = _gguf_file(model_section, files)
+    file = _model_file(model_section, files)
     model, model_widen, model_notes = _model(model_section, file.spec if file else None)
     quant, embed_bits = _quant(_file_quant(row.get("quant"), file))
     head_bits = None
-    if file is not None:  # the file's own sizes: its decoder's average, its two tables'
-        bpw, embed_bits, head_bits = file.decoder_bits, file.token_embd_bits, file.head_bits
+    if file is not None:
         model_notes = model_notes + [_file_note(file)]
+    if isinstance(file, gguf_header.GGUFModel):  # its own sizes: the decoder's, the tables'
+        bpw, embed_bits, head_bits = file.decoder_bits, file.token_embd_bits, file.head_bits
     else:
         if embed_bits is None:  # a GGUF file name as the model, tagged after the same preset
             embed_bits = _file_embed_bits(model_section.get("name"), quant)
@@ -139,7 +140,7 @@ def parse_row(row: Any, files: bool = True) -> Scenario:
         widen *= 1.5
     notes += _kv_notes(model, prof.kv_window_extra, workload.context_tokens,
                        prof.decode_reads_window)
-    if embed_bits is not None and file is None:
+    if embed_bits is not None and not isinstance(file, gguf_header.GGUFModel):
         notes.append(f"token embedding and output head at {embed_bits:g} bits (the format's "
                      "tag), the rest as the preset stores it")
     if engine == "llama.cpp" and device.device_class == "cpu" and workload.flash_attn is None \
@@ -152,8 +153,12 @@ def parse_row(row: Any, files: bool = True) -> Scenario:
                     embed_bits, head_bits)
 
 
-def _gguf_file(m: dict[str, Any], files: bool) -> gguf_header.GGUFModel | None:
-    """The GGUF file `model.path` names, read; None without a path."""
+ModelFile = gguf_header.GGUFModel | hf_dir.HFModel
+
+
+def _model_file(m: dict[str, Any], files: bool) -> ModelFile | None:
+    """The GGUF file or Hugging Face directory `model.path` names, read; None without a
+    path."""
     path = m.get("path")
     if path is None:
         return None
@@ -162,36 +167,48 @@ def _gguf_file(m: dict[str, Any], files: bool) -> gguf_header.GGUFModel | None:
                        "the model by name (and shape), or run `tightfit predict` on the machine "
                        "that holds the file")
     if not isinstance(path, str) or not path.strip():
-        raise RowError("model.path", f"expected a GGUF file's path, got {path!r}")
-    if not path.strip().lower().endswith(".gguf"):
-        raise RowError("model.path", f"{path!r} is not a .gguf file; only GGUF headers are read "
-                       "(for another format give the model by name)")
+        raise RowError("model.path", f"expected a GGUF file's or a model directory's path, got "
+                       f"{path!r}")
+    p = Path(path.strip()).expanduser()
     try:
-        return gguf_header.read(path.strip())
-    except gguf_header.GGUFHeaderError as exc:
+        if p.suffix.lower() == ".gguf":
+            return gguf_header.read(p)
+        if p.is_dir() or p.name == "config.json":
+            return hf_dir.read(p)
+    except (gguf_header.GGUFHeaderError, hf_dir.HFDirError) as exc:
         raise RowError("model.path", str(exc)) from None
+    raise RowError("model.path", f"{path!r} is neither a .gguf file nor a model directory with "
+                   "a config.json")
 
 
-def _file_quant(value: Any, file: gguf_header.GGUFModel | None) -> Any:
-    """The row's quant, checked against the file's; the file's where the row gives none."""
+def _file_quant(value: Any, file: ModelFile | None) -> Any:
+    """The row's quant; the file's where the row gives none. A GGUF file is loaded as it is
+    stored, so another format is an error; HF quantises a checkpoint on load (`nf4`, `int8`),
+    so a directory takes any."""
     if file is None:
         return value
     if value is None:
         if file.quant is None:
-            raise RowError("quant", f"{file.path!r} names no weight format tightfit knows "
-                           "(general.file_type); give quant")
+            raise RowError("quant", f"{file.path!r} names no weight format tightfit knows; "
+                           "give quant")
         return file.quant
-    if file.quant is not None and isinstance(value, str) and \
+    if isinstance(file, gguf_header.GGUFModel) and file.quant is not None and \
+            isinstance(value, str) and \
             formats.normalise(formats.split_embed_tag(value)[0]) != file.quant:
         raise RowError("quant", f"{value!r}, but {file.path!r} holds {file.quant.upper()}; leave "
                        "quant out or give the file's")
     return value
 
 
-def _file_note(file: gguf_header.GGUFModel) -> str:
+def _file_note(file: ModelFile) -> str:
     m = file.spec
     traits = "its family's window and hybrid traits from the table" if file.traits_from_table \
-        else "its family is not in the table: window and hybrid traits from the header"
+        else "its family is not in the table: window and hybrid traits from what the file says"
+    if isinstance(file, hf_dir.HFModel):
+        count = "counted in its safetensors" if file.counted else "from its shape"
+        return (f"shape read from {Path(file.path).name}/config.json ({file.model_type}): "
+                f"{m.params_b:.3g}B language-model weights ({count}), stored as "
+                f"{file.quant or 'an unknown format'}; {traits}")
     return (f"shape and stored sizes read from {Path(file.path).name} ({file.arch}): "
             f"{m.params_b:.3g}B weights, {file.decoder_bits:.3g} bits a decoder weight, token "
             f"embedding {file.token_embd_bits:.3g}, output head {file.head_bits:.3g}; {traits}")
