@@ -341,3 +341,35 @@ def test_q4_k_m_bits_follow_the_quantizers_choice_of_tensors() -> None:
     assert parse_row({"id": "p", "model": {"name": "Phi-3-mini-4k-instruct"}, "quant": "Q4_K_M",
                       "engine": "llama.cpp", "hardware": {"name": "RTX 4090"}}
                      ).bits_per_weight > 4.95
+
+
+def test_gemma_4_full_attention_layers_hold_their_own_k_v_size(row) -> None:
+    """Gemma 4 31B: 50 layers on a 1024-token window with 16 K/V heads of 256, 10 full layers
+    with 4 of 512 (half a window layer's K/V a token). At 4,096 tokens llama.cpp holds the
+    window + 512 cells on the window layers and the whole context on the full ones."""
+    from tightfit.predictor import engines, memory
+    from tightfit.predictor.scenario import parse_row
+
+    row.update(model={"name": "gemma-4-31B-it-Q4_K_M.gguf"}, quant="Q4_K_M", engine="llama.cpp",
+               workload={"prompt_tokens": 64, "gen_tokens": 64, "context_tokens": 4096})
+    s = parse_row(row)
+    assert s.model.full_kv_scale == 0.5 and s.model.window_layers == 50
+    window = 2 * 16 * 256 * 2  # bytes a token in a window layer, f16
+    want = 50 * 1536 * window + 10 * 4096 * window * 0.5
+    assert memory.kv_bytes(s, engines.for_scenario(s), 4096) == pytest.approx(want)
+    # at every size the full layers' K/V a token is what their heads make it
+    from tightfit.predictor import architectures
+    for name, kv_heads in (("gemma-4-12b", 1), ("gemma-4-26b-a4b", 2), ("gemma-4-31b", 4)):
+        m = architectures.KNOWN[name]
+        assert m.full_kv_scale * m.n_kv_heads * m.head_dim == kv_heads * 512
+
+
+def test_full_kv_scale_can_be_given_and_is_checked(row) -> None:
+    from tightfit.predictor.scenario import RowError, parse_row
+
+    row.update(model={"name": "gemma-3-1b", "full_kv_scale": 0.5}, quant="Q4_K_M",
+               engine="llama.cpp")
+    assert parse_row(row).model.full_kv_scale == 0.5
+    row["model"]["full_kv_scale"] = -1
+    with pytest.raises(RowError, match="model.full_kv_scale"):
+        parse_row(row)

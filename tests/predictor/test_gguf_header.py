@@ -87,6 +87,11 @@ def test_a_written_file_gives_its_shape_format_and_exact_weight_bytes(tmp_path: 
     # K/V by the file's 2 KV heads of 32: 2 x 3 layers x 64 elements a token
     assert m.kv_elements_per_token() == 2 * 3 * 2 * 32
     assert any("read from my-own-model.gguf" in n for n in s.notes)
+    # rows naming the same unchanged file share one read
+    from tightfit.predictor import scenario
+    hits = scenario._read_model_file.cache_info().hits
+    parse_row(_row(str(path)))
+    assert scenario._read_model_file.cache_info().hits == hits + 1
     # an unknown name alone could not be predicted
     with pytest.raises(RowError):
         parse_row({**_row(str(path)), "model": {"name": "my-own-model"}})

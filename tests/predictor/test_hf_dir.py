@@ -149,3 +149,15 @@ def test_a_directory_saved_by_transformers_reads_as_transformers_counts_it(tmp_p
         m = parse_row(_row(out)).model
         assert m.params_b * 1e9 == model.num_parameters()
         assert (m.n_layers, m.n_kv_heads, m.head_dim, m.ties_embeddings) == (3, 2, 16, tied)
+
+
+def test_a_gemma_4_config_gives_its_full_layers_their_own_k_v(tmp_path: Path) -> None:
+    """Gemma 4's config names its full-attention layers' K/V heads and their size apart
+    (num_global_key_value_heads, global_head_dim): their K/V a token against a window
+    layer's."""
+    d = _write(tmp_path / "g4", layers=6, heads=4, kv=2, config={
+        "model_type": "gemma4_text", "head_dim": 16, "sliding_window": 512,
+        "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+        "num_global_key_value_heads": 1, "global_head_dim": 16})
+    m = parse_row(_row(d)).model
+    assert (m.window_layers, m.full_kv_scale) == (5, 0.5)

@@ -51,6 +51,9 @@ class ModelSpec:
     # Q, K and V in one tensor (Phi-3 / Phi-4's attn_qkv in GGUF), which llama-quantize types
     # as it types a separate V (formats.mixed_preset_bits)
     fused_qkv: bool = False
+    # K/V elements a token takes in a full-attention layer against a window layer's, where they
+    # differ (Gemma 4's full layers: fewer K/V heads of twice the size); 1 for every other model
+    full_kv_scale: float = 1.0
 
     @property
     def layer_ops(self) -> float:
@@ -97,7 +100,8 @@ class ModelSpec:
         return self.state_bytes_per_layer * (self.n_layers - self.kv_layers)
 
     def kv_elements_per_token(self) -> int:
-        """K and V elements stored per token, all layers."""
+        """K and V elements stored per token, all layers, at a window layer's size where full
+        layers differ (`full_kv_scale`, applied by memory.kv_tokens)."""
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim
 
 
@@ -105,12 +109,13 @@ def _m(name: str, p: float, layers: int, hidden: int, heads: int, kv: int, vocab
        inter: int, active: float | None = None, head_dim: int | None = None,
        experts: float | None = None, ple: float = 0.0, tied: bool | None = None,
        swa: tuple[int, int] = (0, 0), attn: int = 0, state: float = 0.0,
-       mixer: str = "", qkv: bool = False) -> ModelSpec:
+       mixer: str = "", qkv: bool = False, full_kv: float = 1.0) -> ModelSpec:
     return ModelSpec(name, p, active if active is not None else p, layers, hidden, heads, kv,
                      vocab, inter, head_dim or hidden // heads, tied_embeddings=tied,
                      expert_params_b=experts, per_layer_embed_params_b=ple,
                      sliding_window=swa[0], sliding_layers=swa[1], attention_layers=attn,
-                     state_bytes_per_layer=state, mixer=mixer, fused_qkv=qkv)
+                     state_bytes_per_layer=state, mixer=mixer, fused_qkv=qkv,
+                     full_kv_scale=full_kv)
 
 
 # Graph operations of a hybrid's recurrent layer (its mixer, norm and FFN) relative to the
@@ -233,6 +238,17 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
        swa=(512, 29)),
     _m("gemma-4-e4b", 8.0, 42, 2560, 8, 2, 262144, 10240, head_dim=256, ple=2.82, tied=True,
        swa=(512, 35)),
+    # Gemma 4 12B / 26B-A4B / 31B by their published configs: 5 of 6 layers on a 1024-token
+    # window with K/V heads of 256; the full-attention layers have fewer K/V heads of 512 (12B
+    # 1, 26B 2, 31B 4; K = V, both taken as held): full_kv = their K/V a token against a window
+    # layer's. The 26B-A4B: 128 experts of 704 (8 a token) beside a dense FFN of 2112 in every
+    # layer. Parameters summed from those shapes (11.9B, 25.2B, 30.7B).
+    _m("gemma-4-12b", 11.9, 48, 3840, 16, 8, 262144, 15360, head_dim=256, tied=True,
+       swa=(1024, 40), full_kv=0.25),
+    _m("gemma-4-26b-a4b", 25.2, 30, 2816, 16, 8, 262144, 704, active=3.8, head_dim=256,
+       tied=True, experts=22.84, swa=(1024, 25), full_kv=0.5),
+    _m("gemma-4-31b", 30.7, 60, 5376, 32, 16, 262144, 21504, head_dim=256, tied=True,
+       swa=(1024, 50), full_kv=0.5),
     _m("phi-3-mini", 3.82, 32, 3072, 32, 32, 32064, 8192, qkv=True),
     _m("phi-3.5-mini", 3.82, 32, 3072, 32, 32, 32064, 8192, qkv=True),
     _m("phi-3-medium", 14.0, 40, 5120, 40, 10, 32064, 17920, qkv=True),
@@ -330,6 +346,7 @@ _FAMILY_HINTS: list[tuple[str, str]] = [
     ("deepseek-r1:14b", "qwen2.5-14b"), ("deepseek-r1:32b", "qwen2.5-32b"),
     ("deepseek-r1:70b", "llama-3.3-70b"), ("gemma3n:e4b", "gemma-3n-e4b"),
     ("gemma3n:e2b", "gemma-3n-e2b"), ("gemma4:e4b", "gemma-4-e4b"), ("gemma4:e2b", "gemma-4-e2b"),
+    ("gemma4:26b", "gemma-4-26b-a4b"),
     ("phi4-mini", "phi-4-mini"), ("phi4:", "phi-4"),
     ("phi3:mini", "phi-3-mini"), ("phi3.5", "phi-3.5-mini"), ("phi3:medium", "phi-3-medium"),
     # A multimodal model's GGUF holds its language model; the audio / vision towers its name's

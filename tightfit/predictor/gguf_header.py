@@ -173,6 +173,7 @@ def with_traits(spec: architectures.ModelSpec, table: architectures.ModelSpec,
 
     return replace(spec, sliding_window=table.sliding_window,
                    sliding_layers=min(table.sliding_layers, spec.n_layers),
+                   full_kv_scale=table.full_kv_scale,
                    attention_layers=min(attn_layers or table.attention_layers, spec.n_layers),
                    state_bytes_per_layer=table.state_bytes_per_layer, mixer=table.mixer,
                    layer_loops=table.layer_loops)

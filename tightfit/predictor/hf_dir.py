@@ -118,6 +118,9 @@ def read(path: str | Path) -> HFModel:
     inter = (_int(cfg, "moe_intermediate_size", "expert_intermediate_size") if n_expert > 1
              else None) or _int(cfg, "intermediate_size", "ffn_hidden_size", "n_inner",
                                 default=4 * hidden)
+    # Gemma 4: full-attention layers with K/V heads of their own number and size
+    full_kv = (_int(cfg, "num_global_key_value_heads", default=kv) *
+               _int(cfg, "global_head_dim", default=head_dim)) / (kv * head_dim)
     layer_types = [str(t) for t in cfg.get("layer_types") or []]
     attends = sum(1 for t in layer_types if t in _ATTENDS) if layer_types else 0
     sliding = sum(1 for t in layer_types if t == "sliding_attention")
@@ -155,7 +158,7 @@ def read(path: str | Path) -> HFModel:
         hidden_size=hidden, n_heads=heads, n_kv_heads=kv, vocab_size=vocab,
         intermediate_size=inter, head_dim=head_dim, tied_embeddings=tied,
         expert_params_b=experts / 1e9 if experts else None, sliding_window=window,
-        sliding_layers=sliding)
+        sliding_layers=sliding, full_kv_scale=full_kv if sliding else 1.0)
     mixer = _TYPE_MIXER.get(model_type, "")
     if mixer == architectures.PARALLEL_HYBRID:
         spec = replace(spec, mixer=mixer)

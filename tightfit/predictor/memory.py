@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tightfit.predictor import formats
+from tightfit.predictor.architectures import ModelSpec
 from tightfit.predictor.engines import EngineProfile, keeps_quantised
 from tightfit.predictor.scenario import Scenario
 
@@ -333,8 +334,14 @@ def kv_tokens(s: Scenario, prof: EngineProfile, ctx: float, read: bool = False) 
     elif local > 0 and prof.kv_window_extra is not None:
         kept = min(ctx, m.sliding_window + prof.kv_window_extra)
     else:
-        return ctx * attn / m.n_layers
-    return ((attn - local) * ctx + local * kept) / m.n_layers
+        kept = ctx
+    return (_full_layers(m) * ctx + local * kept) / m.n_layers
+
+
+def _full_layers(m: ModelSpec) -> float:
+    """A model's full-attention layers, in window layers' K/V (`ModelSpec.full_kv_scale`)."""
+    full = m.kv_layers - m.window_layers
+    return full * m.full_kv_scale if m.window_layers > 0 else float(full)
 
 
 def kv_bytes(s: Scenario, prof: EngineProfile, ctx: float, read: bool = False) -> float:
@@ -358,7 +365,7 @@ def kv_cells_held(s: Scenario, prof: EngineProfile, ctx: float) -> float:
         return kv_tokens(s, prof, ctx) * n
     local = m.window_layers
     kept = min(ctx * n, m.sliding_window * n + prof.kv_window_extra)
-    return ((m.kv_layers - local) * ctx * n + local * kept) / m.n_layers
+    return (_full_layers(m) * ctx * n + local * kept) / m.n_layers
 
 
 def state_bytes(s: Scenario, held: bool = True) -> float:

@@ -5,6 +5,7 @@ uncertainty; a bad field raises RowError naming it. Does no prediction.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -170,15 +171,22 @@ def _model_file(m: dict[str, Any], files: bool) -> ModelFile | None:
         raise RowError("model.path", f"expected a GGUF file's or a model directory's path, got "
                        f"{path!r}")
     p = Path(path.strip()).expanduser()
+    if p.suffix.lower() != ".gguf" and not (p.is_dir() or p.name == "config.json"):
+        raise RowError("model.path", f"{path!r} is neither a .gguf file nor a model directory "
+                       "with a config.json")
     try:
-        if p.suffix.lower() == ".gguf":
-            return gguf_header.read(p)
-        if p.is_dir() or p.name == "config.json":
-            return hf_dir.read(p)
+        stamp = p.stat() if p.exists() else None
+        return _read_model_file(str(p.resolve()), stamp.st_mtime_ns if stamp else None,
+                                stamp.st_size if stamp else None)
     except (gguf_header.GGUFHeaderError, hf_dir.HFDirError) as exc:
         raise RowError("model.path", str(exc)) from None
-    raise RowError("model.path", f"{path!r} is neither a .gguf file nor a model directory with "
-                   "a config.json")
+
+
+@functools.lru_cache(maxsize=32)
+def _read_model_file(path: str, mtime_ns: int | None, size: int | None) -> ModelFile:
+    """One read per file while it is unchanged (its modification time and size in the key):
+    rows that name the same file share it."""
+    return gguf_header.read(path) if path.lower().endswith(".gguf") else hf_dir.read(path)
 
 
 def _file_quant(value: Any, file: ModelFile | None) -> Any:
@@ -426,6 +434,9 @@ def _model(m: dict[str, Any], read: ModelSpec | None = None) -> tuple[ModelSpec,
     ple = _number(m, "per_layer_embed_params_b", "model", 0, 20000)
     if ple is not None:
         updates["per_layer_embed_params_b"] = ple
+    full_kv = _number(m, "full_kv_scale", "model", 0, 16)
+    if full_kv is not None:  # a full-attention layer's K/V a token against a window layer's
+        updates["full_kv_scale"] = full_kv
     state = _number(m, "state_mb_per_layer", "model", 0, 65536)
     if state is not None:  # MiB a sequence in each non-attention layer of a hybrid
         updates["state_bytes_per_layer"] = state * 2**20
