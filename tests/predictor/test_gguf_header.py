@@ -148,3 +148,31 @@ def test_bad_files_and_mismatched_formats_are_row_errors(tmp_path: Path) -> None
     # a service that must not open files a request names
     out = predict([_row(str(path))], files=False)[0]
     assert out["error"]["field"] == "model.path"
+
+
+def test_a_gemma_4_layout_reads_its_window_layers_and_full_layers_apart(tmp_path: Path) -> None:
+    """Gemma 4's header: a per-layer window pattern, K/V heads per layer, and the window layers'
+    head size apart from the full layers' (attention.key_length_swa). The window layers' K/V
+    sets the per-token size; the full layers hold theirs (1 head of 32 against 4 of 16: half)."""
+    p = tmp_path / "my-gemma4-like.gguf"
+    w = gguf.GGUFWriter(str(p), "gemma4")
+    w.add_block_count(6)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_head_count_kv([4, 4, 4, 4, 4, 1])
+    w.add_key_length(32)
+    w.add_uint32("gemma4.attention.key_length_swa", 16)
+    w.add_sliding_window(512)
+    w.add_array("gemma4.attention.sliding_window_pattern", [True] * 5 + [False])
+    w.add_file_type(1)
+    w.add_tensor("token_embd.weight", np.zeros((300, 64), dtype=np.float16))
+    w.add_tensor("blk.0.attn_q.weight", np.zeros((64, 64), dtype=np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    s = parse_row(_row(str(p)))
+    m = s.model
+    assert (m.n_kv_heads, m.head_dim, m.sliding_window, m.window_layers) == (4, 16, 512, 5)
+    assert m.full_kv_scale == 0.5 and s.quant == "fp16"

@@ -13,7 +13,7 @@ Read with `tightfit.gguf_file` (the engine's torch-free reader, ~0.5 s for Gemma
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +124,15 @@ def read(path: str | Path) -> GGUFModel:
     if not attn_layers and interval and interval[0] > 1:
         attn_layers = n_layers // interval[0]
     head_dim = (_ints(key("attention.key_length")) or [width // max(heads)])[0]
+    window, swa = _window(key, n_layers)
+    full_kv = None
+    swa_dim = (_ints(key("attention.key_length_swa")) or [0])[0]
+    if sum(swa) and swa_dim > 0:  # window layers with K/V heads of their own (Gemma 4)
+        per_layer = kv_per_layer if len(kv_per_layer) == n_layers else kv_per_layer[:1] * n_layers
+        kv_swa = max(h for h, w in zip(per_layer, swa) if w) or kv_heads
+        kv_full = max((h for h, w in zip(per_layer, swa) if not w), default=kv_swa) or kv_swa
+        full_kv = kv_full * head_dim / (kv_swa * swa_dim)
+        kv_heads, head_dim = kv_swa, swa_dim
     mla = (_ints(key("attention.kv_lora_rank")) or [0])[0]
     if mla > 0:  # MLA as llama.cpp caches it: the latent + the rope part, V a view of K
         rope = (_ints(key("rope.dimension_count")) or [64])[0]
@@ -154,7 +163,10 @@ def read(path: str | Path) -> GGUFModel:
     if table is not None:  # the family's traits; the numbers are the file's
         spec = with_traits(spec, table, attn_layers)
     else:
-        spec = _traits_from_keys(spec, arch, key, attn_layers)
+        spec = _hybrid_from_arch(spec, arch, attn_layers)
+    if sum(swa):  # a window the header lays out layer by layer is the file's own
+        spec = replace(spec, sliding_window=window, sliding_layers=sum(swa),
+                       full_kv_scale=full_kv if full_kv is not None else spec.full_kv_scale)
 
     def bits(group: str) -> float:
         return 8.0 * nbytes[group] / elems[group] if elems.get(group) else 0.0
@@ -169,8 +181,6 @@ def with_traits(spec: architectures.ModelSpec, table: architectures.ModelSpec,
                  attn_layers: int) -> architectures.ModelSpec:
     """The table's window, hybrid and loop traits on the file's numbers (the header's count
     of attending layers where it gives one)."""
-    from dataclasses import replace
-
     return replace(spec, sliding_window=table.sliding_window,
                    sliding_layers=min(table.sliding_layers, spec.n_layers),
                    full_kv_scale=table.full_kv_scale,
@@ -179,22 +189,25 @@ def with_traits(spec: architectures.ModelSpec, table: architectures.ModelSpec,
                    layer_loops=table.layer_loops)
 
 
-def _traits_from_keys(spec: architectures.ModelSpec, arch: str, key: Any,
-                      attn_layers: int) -> architectures.ModelSpec:
-    """A family the table does not know: a window where the header gives one with its layer
-    pattern, a hybrid's layers by its architecture; its recurrent state is not counted."""
-    from dataclasses import replace
-
+def _window(key: Any, n_layers: int) -> tuple[int, list[bool]]:
+    """The header's window and which layers use it: a per-layer list
+    (`attention.sliding_window_pattern`, Gemma 4's), or every Nth layer full; none without."""
     window = (_ints(key("attention.sliding_window")) or [0])[0]
     pattern = key("attention.sliding_window_pattern")
-    sliding = 0
-    if window > 0 and isinstance(pattern, (list, tuple)):
-        sliding = sum(1 for v in pattern if v)
-    elif window > 0 and _ints(pattern) and _ints(pattern)[0] > 1:
-        every = _ints(pattern)[0]
-        sliding = spec.n_layers - spec.n_layers // every
+    if window <= 0 or pattern is None:
+        return window, [False] * n_layers
+    if isinstance(pattern, (list, tuple)):
+        flags = [bool(v) for v in pattern][:n_layers]
+        return window, flags + [False] * (n_layers - len(flags))
+    every = _ints(pattern)[0] if _ints(pattern) else 0
+    return window, [every > 1 and (i + 1) % every != 0 for i in range(n_layers)]
+
+
+def _hybrid_from_arch(spec: architectures.ModelSpec, arch: str,
+                      attn_layers: int) -> architectures.ModelSpec:
+    """A family the table does not know: a hybrid's layers by its llama.cpp architecture, where
+    the header says which layers attend; its recurrent state is not counted."""
     mixer = _ARCH_MIXER.get(arch, "")
     if mixer and mixer != architectures.PARALLEL_HYBRID and not 0 < attn_layers < spec.n_layers:
         mixer = ""  # no way to tell which layers attend: taken as all
-    return replace(spec, sliding_window=window if sliding else 0, sliding_layers=sliding,
-                   attention_layers=attn_layers if mixer else 0, mixer=mixer)
+    return replace(spec, attention_layers=attn_layers if mixer else 0, mixer=mixer)
