@@ -373,3 +373,29 @@ def test_full_kv_scale_can_be_given_and_is_checked(row) -> None:
     row["model"]["full_kv_scale"] = -1
     with pytest.raises(RowError, match="model.full_kv_scale"):
         parse_row(row)
+
+
+def test_layers_that_share_an_earlier_layers_k_v_hold_none(row) -> None:
+    """Gemma 3n E4B: llama.cpp's gemma3n.cpp holds K/V in the first 20 of its 35 layers; the
+    last 15 attend to it. Held K/V is 20/35 of every layer's; what a decode step reads is not
+    cut (every layer still attends)."""
+    from dataclasses import replace
+
+    from tightfit.predictor import engines, memory
+    from tightfit.predictor.scenario import RowError, parse_row
+
+    row.update(model={"name": "gemma-3n-E4B-it-Q4_K_M.gguf"}, quant="Q4_K_M",
+               engine="llama.cpp",
+               workload={"prompt_tokens": 64, "gen_tokens": 64, "context_tokens": 32768})
+    s = parse_row(row)
+    prof = engines.for_scenario(s)
+    unshared = replace(s, model=replace(s.model, kv_shared_layers=0))
+    assert s.model.kv_shared_layers == 15
+    assert memory.kv_bytes(s, prof, 32768) == pytest.approx(
+        memory.kv_bytes(unshared, prof, 32768) * 20 / 35)
+    assert memory.kv_bytes(s, prof, 32768, read=True) == memory.kv_bytes(
+        unshared, prof, 32768, read=True)
+    assert any("K/V held by 20 of 35 layers" in n for n in s.notes)
+    row["model"] = {"name": "gemma-3n-E4B-it", "kv_shared_layers": 35}
+    with pytest.raises(RowError, match="model.kv_shared_layers"):
+        parse_row(row)

@@ -54,6 +54,9 @@ class ModelSpec:
     # K/V elements a token takes in a full-attention layer against a window layer's, where they
     # differ (Gemma 4's full layers: fewer K/V heads of twice the size); 1 for every other model
     full_kv_scale: float = 1.0
+    # the last layers that attend to an earlier layer's K/V and hold none of their own (Gemma 3n
+    # / Gemma 4 E: llama.cpp's n_layer_kv_from_start); 0 for every other model
+    kv_shared_layers: int = 0
 
     @property
     def layer_ops(self) -> float:
@@ -109,13 +112,14 @@ def _m(name: str, p: float, layers: int, hidden: int, heads: int, kv: int, vocab
        inter: int, active: float | None = None, head_dim: int | None = None,
        experts: float | None = None, ple: float = 0.0, tied: bool | None = None,
        swa: tuple[int, int] = (0, 0), attn: int = 0, state: float = 0.0,
-       mixer: str = "", qkv: bool = False, full_kv: float = 1.0) -> ModelSpec:
+       mixer: str = "", qkv: bool = False, full_kv: float = 1.0,
+       kv_shared: int = 0) -> ModelSpec:
     return ModelSpec(name, p, active if active is not None else p, layers, hidden, heads, kv,
                      vocab, inter, head_dim or hidden // heads, tied_embeddings=tied,
                      expert_params_b=experts, per_layer_embed_params_b=ple,
                      sliding_window=swa[0], sliding_layers=swa[1], attention_layers=attn,
                      state_bytes_per_layer=state, mixer=mixer, fused_qkv=qkv,
-                     full_kv_scale=full_kv)
+                     full_kv_scale=full_kv, kv_shared_layers=kv_shared)
 
 
 # Graph operations of a hybrid's recurrent layer (its mixer, norm and FFN) relative to the
@@ -222,22 +226,26 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
        swa=(1024, 40)),
     _m("gemma-3-27b", 27.4, 62, 5376, 32, 16, 262208, 21504, head_dim=128, tied=True,
        swa=(1024, 52)),
-    # "E" models: per-layer embeddings of 262144 x (layers x 256), one row looked up a token
-    # (ple; Gemma 3n E2B 2.01B, E4B 2.35B). Gemma 3n is left without: its two measured rows
+    # "E" models: their last layers attend to an earlier layer's K/V and hold none (kv_shared:
+    # Gemma 3n's first 20 layers hold K/V in llama.cpp's gemma3n.cpp; Gemma 4 E2B / E4B share
+    # 20 / 18 by their configs). Per-layer embeddings of 262144 x (layers x 256), one row
+    # looked up a token (ple; Gemma 3n E2B 2.01B, E4B 2.35B). Gemma 3n is left without the
+    # per-layer table: its two measured rows
     # (llama.cpp, M4 Pro and RX 7900 XT) stream the bytes it needs with the table looked up at
     # 0.42 / 0.25 of peak bandwidth, Gemma 4 E4B at 0.58 / 0.38 on the same machines (its
     # AltUp / LAuReL blocks, not modelled, cost the time); counting the table as streamed
     # stands in for that. Its attention pattern is not modelled either (no window here).
-    _m("gemma-3n-e2b", 4.5, 30, 2048, 8, 2, 262400, 8192, head_dim=256, tied=True),
-    _m("gemma-3n-e4b", 6.9, 35, 2048, 8, 2, 262400, 16384, head_dim=256, tied=True),
+    _m("gemma-3n-e2b", 4.5, 30, 2048, 8, 2, 262400, 8192, head_dim=256, tied=True,
+       kv_shared=10),
+    _m("gemma-3n-e4b", 6.9, 35, 2048, 8, 2, 262400, 16384, head_dim=256, tied=True,
+       kv_shared=15),
     # Gemma 4 E2B / E4B: 2.3B / 4.5B "effective" (without embeddings), 5.1B / 8B with them;
     # layers as llama.cpp's gemma4 loader types them (35, 42); 5 of 6 layers on a 512-token
-    # window (the config's default pattern); the layers that share K/V are not modelled (KV
-    # over-counted)
+    # window (the config's default pattern)
     _m("gemma-4-e2b", 5.1, 35, 1536, 8, 1, 262144, 12288, head_dim=256, ple=2.35, tied=True,
-       swa=(512, 29)),
+       swa=(512, 29), kv_shared=20),
     _m("gemma-4-e4b", 8.0, 42, 2560, 8, 2, 262144, 10240, head_dim=256, ple=2.82, tied=True,
-       swa=(512, 35)),
+       swa=(512, 35), kv_shared=18),
     # Gemma 4 12B / 26B-A4B / 31B by their published configs: 5 of 6 layers on a 1024-token
     # window with K/V heads of 256; the full-attention layers have fewer K/V heads of 512 (12B
     # 1, 26B 2, 31B 4; K = V, both taken as held): full_kv = their K/V a token against a window

@@ -159,7 +159,8 @@ def read(path: str | Path) -> GGUFModel:
         hidden_size=width, n_heads=max(heads), n_kv_heads=kv_heads, vocab_size=vocab,
         intermediate_size=inter, head_dim=head_dim, tied_embeddings=_OUTPUT not in shapes,
         expert_params_b=experts / 1e9 if experts else None,
-        per_layer_embed_params_b=elems.get(_PER_LAYER, 0) / 1e9, fused_qkv=fused_qkv)
+        per_layer_embed_params_b=elems.get(_PER_LAYER, 0) / 1e9, fused_qkv=fused_qkv,
+        kv_shared_layers=(_ints(key("attention.shared_kv_layers")) or [0])[0])
     if table is not None:  # the family's traits; the numbers are the file's
         spec = with_traits(spec, table, attn_layers)
     else:
@@ -184,6 +185,7 @@ def with_traits(spec: architectures.ModelSpec, table: architectures.ModelSpec,
     return replace(spec, sliding_window=table.sliding_window,
                    sliding_layers=min(table.sliding_layers, spec.n_layers),
                    full_kv_scale=table.full_kv_scale,
+                   kv_shared_layers=spec.kv_shared_layers or table.kv_shared_layers,
                    attention_layers=min(attn_layers or table.attention_layers, spec.n_layers),
                    state_bytes_per_layer=table.state_bytes_per_layer, mixer=table.mixer,
                    layer_loops=table.layer_loops)

@@ -158,7 +158,8 @@ def read(path: str | Path) -> HFModel:
         hidden_size=hidden, n_heads=heads, n_kv_heads=kv, vocab_size=vocab,
         intermediate_size=inter, head_dim=head_dim, tied_embeddings=tied,
         expert_params_b=experts / 1e9 if experts else None, sliding_window=window,
-        sliding_layers=sliding, full_kv_scale=full_kv if sliding else 1.0)
+        sliding_layers=sliding, full_kv_scale=full_kv if sliding else 1.0,
+        kv_shared_layers=_int(cfg, "num_kv_shared_layers", default=0))
     mixer = _TYPE_MIXER.get(model_type, "")
     if mixer == architectures.PARALLEL_HYBRID:
         spec = replace(spec, mixer=mixer)

@@ -361,11 +361,14 @@ def kv_cells_held(s: Scenario, prof: EngineProfile, ctx: float) -> float:
     A server of 16 slots and 8,192 cells holds the whole context on Gemma 3's window layers,
     where a sequence alone would hold its 512-position window and a call's 512."""
     n, m = s.workload.held, s.model
+    # layers that read an earlier layer's K/V hold none: the rest's share, window and full
+    # layers alike (Gemma 3n / Gemma 4 E lay both kinds out evenly)
+    own = 1.0 - min(m.kv_shared_layers, m.kv_layers) / max(m.kv_layers, 1)
     if n == 1 or m.window_layers == 0 or prof.kv_window_extra is None:
-        return kv_tokens(s, prof, ctx) * n
+        return kv_tokens(s, prof, ctx) * n * own
     local = m.window_layers
     kept = min(ctx * n, m.sliding_window * n + prof.kv_window_extra)
-    return (_full_layers(m) * ctx * n + local * kept) / m.n_layers
+    return (_full_layers(m) * ctx * n + local * kept) / m.n_layers * own
 
 
 def state_bytes(s: Scenario, held: bool = True) -> float:

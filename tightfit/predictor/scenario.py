@@ -268,6 +268,9 @@ def _kv_notes(m: ModelSpec, window_extra: int | None, context: int,
                  if m.recurrent_state_bytes else "not counted")
         notes.append(f"K/V for the {m.kv_layers} attention layers of {m.n_layers} (a hybrid: "
                      f"the others keep a fixed state, {state})")
+    if m.kv_shared_layers:
+        notes.append(f"K/V held by {m.kv_layers - m.kv_shared_layers} of {m.kv_layers} layers: "
+                     f"the last {m.kv_shared_layers} attend to an earlier layer's")
     local = m.window_layers
     if local > 0 and context > m.sliding_window:
         if window_extra is None:
@@ -408,7 +411,7 @@ def _local_profile() -> DeviceSpec:
 _MODEL_INT_FIELDS = {"n_layers": 4096, "hidden_size": 1_000_000, "intermediate_size": 10_000_000,
                      "n_heads": 4096, "n_kv_heads": 4096, "vocab_size": 10_000_000,
                      "head_dim": 4096, "sliding_window": 10_000_000, "sliding_layers": 4096,
-                     "attention_layers": 4096}
+                     "attention_layers": 4096, "kv_shared_layers": 4096}
 
 
 def _model(m: dict[str, Any], read: ModelSpec | None = None) -> tuple[ModelSpec, float, list[str]]:
@@ -467,6 +470,10 @@ def _model(m: dict[str, Any], read: ModelSpec | None = None) -> tuple[ModelSpec,
                        f"model.mixer {spec.mixer!r} describes the layers that do not attend; give "
                        f"attention_layers, how many of the {spec.n_layers} layers attend (1 to "
                        f"{spec.n_layers - 1})")
+    if spec.kv_shared_layers >= spec.kv_layers:
+        raise RowError("model.kv_shared_layers",
+                       f"{spec.kv_shared_layers} leaves none of the {spec.kv_layers} attending "
+                       "layers holding K/V; give fewer")
     for field in ("sliding_layers", "attention_layers"):
         if getattr(spec, field) > spec.n_layers:
             raise RowError(f"model.{field}",
