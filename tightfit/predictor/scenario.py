@@ -104,7 +104,8 @@ def device_profile_path() -> Path:
 
 def parse_row(row: Any, files: bool = True) -> Scenario:
     """Validate one input object; raises RowError naming the first bad field. `files`: a row
-    may name a local GGUF file (`model.path`) to read its shape and stored sizes from."""
+    may name a local GGUF file or Hugging Face directory (`model.path`) to read its shape (and
+    a GGUF file's stored sizes) from."""
     if not isinstance(row, dict):
         raise RowError("row", f"expected a JSON object, got {type(row).__name__}")
     if "_parse_error" in row:
