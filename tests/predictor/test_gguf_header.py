@@ -150,21 +150,19 @@ def test_bad_files_and_mismatched_formats_are_row_errors(tmp_path: Path) -> None
     assert out["error"]["field"] == "model.path"
 
 
-def test_a_gemma_4_layout_reads_its_window_layers_and_full_layers_apart(tmp_path: Path) -> None:
-    """Gemma 4's header: a per-layer window pattern, K/V heads per layer, and the window layers'
-    head size apart from the full layers' (attention.key_length_swa). The window layers' K/V
-    sets the per-token size; the full layers hold theirs (1 head of 32 against 4 of 16: half)."""
-    p = tmp_path / "my-gemma4-like.gguf"
-    w = gguf.GGUFWriter(str(p), "gemma4")
-    w.add_block_count(6)
+def _start(path: Path, arch: str, layers: int, kv_heads: list[int]):
+    """A writer for a 64-wide, 4-head model of `layers` layers with these K/V heads a layer."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(layers)
     w.add_embedding_length(64)
     w.add_feed_forward_length(128)
     w.add_head_count(4)
-    w.add_head_count_kv([4, 4, 4, 4, 4, 1])
-    w.add_key_length(32)
-    w.add_uint32("gemma4.attention.key_length_swa", 16)
-    w.add_sliding_window(512)
-    w.add_array("gemma4.attention.sliding_window_pattern", [True] * 5 + [False])
+    w.add_head_count_kv(kv_heads)
+    return w
+
+
+def _finish(w) -> None:
+    """An F16 file with a 300 x 64 token embedding and one layer's Q: the header is the test."""
     w.add_file_type(1)
     w.add_tensor("token_embd.weight", np.zeros((300, 64), dtype=np.float16))
     w.add_tensor("blk.0.attn_q.weight", np.zeros((64, 64), dtype=np.float16))
@@ -172,7 +170,37 @@ def test_a_gemma_4_layout_reads_its_window_layers_and_full_layers_apart(tmp_path
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def test_a_gemma_4_layout_reads_its_window_layers_and_full_layers_apart(tmp_path: Path) -> None:
+    """Gemma 4's header: a per-layer window pattern, K/V heads per layer, and the window layers'
+    head size apart from the full layers' (attention.key_length_swa). The window layers' K/V
+    sets the per-token size; the full layers hold theirs (1 head of 32 against 4 of 16: half)."""
+    p = tmp_path / "my-gemma4-like.gguf"
+    w = _start(p, "gemma4", 6, [4, 4, 4, 4, 4, 1])
+    w.add_key_length(32)
+    w.add_uint32("gemma4.attention.key_length_swa", 16)
+    w.add_sliding_window(512)
+    w.add_array("gemma4.attention.sliding_window_pattern", [True] * 5 + [False])
+    _finish(w)
     s = parse_row(_row(str(p)))
     m = s.model
     assert (m.n_kv_heads, m.head_dim, m.sliding_window, m.window_layers) == (4, 16, 512, 5)
     assert m.full_kv_scale == 0.5 and s.quant == "fp16"
+
+
+def test_an_unknown_hybrid_reads_its_attending_layers_and_recurrent_state(tmp_path: Path) -> None:
+    """A Gated DeltaNet hybrid the table does not know (llama.cpp architecture qwen35): K/V
+    heads per layer say which layers attend (1 in 4), the ssm.* keys give a recurrent layer's
+    state (32 value heads of 128 over 16 key heads of 128, a 4-wide convolution)."""
+    from tightfit.predictor import architectures
+
+    p = tmp_path / "some-new-hybrid.gguf"
+    w = _start(p, "qwen35", 4, [0, 0, 0, 2])
+    for k, v in (("ssm.state_size", 128), ("ssm.inner_size", 4096), ("ssm.group_count", 16),
+                 ("ssm.time_step_rank", 32), ("ssm.conv_kernel", 4)):
+        w.add_uint32(f"qwen35.{k}", v)
+    _finish(w)
+    m = parse_row(_row(str(p))).model
+    assert (m.mixer, m.kv_layers, m.n_kv_heads) == ("gated_deltanet", 1, 2)
+    assert m.state_bytes_per_layer == architectures.gated_deltanet_state(32, 16, 128, 128, 4)

@@ -161,3 +161,22 @@ def test_a_gemma_4_config_gives_its_full_layers_their_own_k_v(tmp_path: Path) ->
         "num_global_key_value_heads": 1, "global_head_dim": 16})
     m = parse_row(_row(d)).model
     assert (m.window_layers, m.full_kv_scale) == (5, 0.5)
+
+
+def test_a_hybrid_config_gives_its_recurrent_state(tmp_path: Path) -> None:
+    """Qwen3-Next's config: Gated DeltaNet layers by `layer_types`, their state from the
+    linear_* heads; a Mamba-2 hybrid's (Granite 4.0-H) from its mamba_* keys."""
+    from tightfit.predictor import architectures
+
+    d = _write(tmp_path / "qn", layers=4, config={
+        "model_type": "qwen3_next", "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+        "linear_num_value_heads": 32, "linear_num_key_heads": 16, "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4})
+    m = parse_row(_row(d)).model
+    assert m.state_bytes_per_layer == architectures.gated_deltanet_state(32, 16, 128, 128, 4)
+    g = _write(tmp_path / "gh", layers=4, config={
+        "model_type": "granitemoehybrid", "layer_types": ["mamba"] * 3 + ["attention"],
+        "mamba_d_state": 128, "mamba_expand": 2, "mamba_n_groups": 1, "mamba_d_conv": 4})
+    m = parse_row(_row(g)).model
+    assert (m.mixer, m.kv_layers) == ("mamba2", 1)
+    assert m.state_bytes_per_layer == architectures.mamba_state(64, 128, True, 2, 1, 4)

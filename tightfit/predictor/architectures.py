@@ -156,7 +156,7 @@ def gated_deltanet_state(value_heads: int, key_heads: int = 16, key_dim: int = 1
     return 4.0 * (value_heads * key_dim * value_dim + (conv - 1) * channels)
 
 
-def mamba_state(hidden: int, d_state: int, mamba2: bool = True, expand: int = 2,
+def mamba_state(hidden: int, d_state: int, mamba2: bool = True, expand: float = 2,
                 groups: int = 1, conv: int = 4) -> float:
     """Mamba-2 (Granite 4.0-H: d_state 128) and Mamba (Jamba: 16): d_state values per inner
     channel (expand x hidden); Mamba-2's convolution also runs over its B and C groups."""

@@ -164,7 +164,7 @@ def read(path: str | Path) -> GGUFModel:
     if table is not None:  # the family's traits; the numbers are the file's
         spec = with_traits(spec, table, attn_layers)
     else:
-        spec = _hybrid_from_arch(spec, arch, attn_layers)
+        spec = _hybrid_from_arch(spec, arch, attn_layers, key)
     if sum(swa):  # a window the header lays out layer by layer is the file's own
         spec = replace(spec, sliding_window=window, sliding_layers=sum(swa),
                        full_kv_scale=full_kv if full_kv is not None else spec.full_kv_scale)
@@ -205,11 +205,25 @@ def _window(key: Any, n_layers: int) -> tuple[int, list[bool]]:
     return window, [every > 1 and (i + 1) % every != 0 for i in range(n_layers)]
 
 
-def _hybrid_from_arch(spec: architectures.ModelSpec, arch: str,
-                      attn_layers: int) -> architectures.ModelSpec:
+def _hybrid_from_arch(spec: architectures.ModelSpec, arch: str, attn_layers: int,
+                      key: Any) -> architectures.ModelSpec:
     """A family the table does not know: a hybrid's layers by its llama.cpp architecture, where
-    the header says which layers attend; its recurrent state is not counted."""
+    the header says which layers attend, and their recurrent state from its `ssm.*` keys
+    (Mamba / Mamba-2 d_state and inner width, Gated DeltaNet's heads; a short convolution's
+    few KB not counted)."""
     mixer = _ARCH_MIXER.get(arch, "")
     if mixer and mixer != architectures.PARALLEL_HYBRID and not 0 < attn_layers < spec.n_layers:
         mixer = ""  # no way to tell which layers attend: taken as all
-    return replace(spec, attention_layers=attn_layers if mixer else 0, mixer=mixer)
+    d_state = (_ints(key("ssm.state_size")) or [0])[0]
+    inner = (_ints(key("ssm.inner_size")) or [0])[0]
+    groups = (_ints(key("ssm.group_count")) or [1])[0] or 1
+    conv = (_ints(key("ssm.conv_kernel")) or [4])[0] or 4
+    heads = (_ints(key("ssm.time_step_rank")) or [0])[0]
+    state = 0.0
+    if mixer == "gated_deltanet" and d_state and inner and heads:
+        state = architectures.gated_deltanet_state(heads, groups, d_state, inner // heads, conv)
+    elif mixer in ("mamba", "mamba2") and d_state and inner:
+        state = architectures.mamba_state(spec.hidden_size, d_state, mixer == "mamba2",
+                                          inner / spec.hidden_size, groups, conv)
+    return replace(spec, attention_layers=attn_layers if mixer else 0, mixer=mixer,
+                   state_bytes_per_layer=state if mixer else 0.0)

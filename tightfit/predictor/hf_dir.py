@@ -164,9 +164,30 @@ def read(path: str | Path) -> HFModel:
     if mixer == architectures.PARALLEL_HYBRID:
         spec = replace(spec, mixer=mixer)
     elif mixer and 0 < attends < layers:
-        spec = replace(spec, mixer=mixer, attention_layers=attends)
+        spec = replace(spec, mixer=mixer, attention_layers=attends,
+                       state_bytes_per_layer=_state(cfg, mixer, hidden))
     if table is not None and not layer_types:  # the family's window / hybrid traits
         from tightfit.predictor.gguf_header import with_traits
 
         spec = with_traits(spec, table, 0)
     return HFModel(str(directory), model_type, name, quant, spec, counted, table is not None)
+
+
+def _state(cfg: dict[str, Any], mixer: str, hidden: int) -> float:
+    """A recurrent layer's state a sequence from its config (Gated DeltaNet's linear_* heads,
+    Mamba's d_state / expand / groups); 0 where the config lacks them (not counted)."""
+    if mixer == "gated_deltanet":
+        vh, kh = _int(cfg, "linear_num_value_heads"), _int(cfg, "linear_num_key_heads")
+        kd, vd = _int(cfg, "linear_key_head_dim"), _int(cfg, "linear_value_head_dim")
+        if vh and kh and kd and vd:
+            return architectures.gated_deltanet_state(
+                vh, kh, kd, vd, _int(cfg, "linear_conv_kernel_dim", default=4) or 4)
+    elif mixer in ("mamba", "mamba2"):
+        d_state = _int(cfg, "mamba_d_state", "ssm_state_size", "state_size")
+        if d_state:
+            return architectures.mamba_state(
+                hidden, d_state, mixer == "mamba2",
+                _int(cfg, "mamba_expand", "expand", default=2) or 2,
+                _int(cfg, "mamba_n_groups", "n_groups", default=1) or 1,
+                _int(cfg, "mamba_d_conv", "conv_kernel", "mamba_conv_kernel", default=4) or 4)
+    return 0.0
