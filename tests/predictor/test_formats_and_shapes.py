@@ -399,3 +399,28 @@ def test_layers_that_share_an_earlier_layers_k_v_hold_none(row) -> None:
     row["model"] = {"name": "gemma-3n-E4B-it", "kv_shared_layers": 35}
     with pytest.raises(RowError, match="model.kv_shared_layers"):
         parse_row(row)
+
+
+def test_every_k_quant_preset_follows_its_per_layer_types() -> None:
+    """Q2_K to Q6_K as llama-quantize types each tensor (Q2_K: attn_v at Q4_K on a grouped-query
+    model, ffn_down and attn_output at Q3_K; Q3_K_M: attn_v Q5_K / Q4_K, ffn_down Q5_K in the
+    first 1/16 then Q4_K, attn_output Q4_K; ...): the weights of public Llama 3.1 8B and
+    Qwen2.5-14B files within 0.5% of their listed sizes. Q2_K's one average (2.625 bits, its
+    base type) was 9% short, enough to call a file that does not fit a fit."""
+    from tightfit.predictor import engines, formats, memory
+    from tightfit.predictor.scenario import parse_row
+
+    listed = {("Meta-Llama-3.1-8B-Instruct", "Q2_K"): 3.18,
+              ("Meta-Llama-3.1-8B-Instruct", "Q3_K_M"): 4.02,
+              ("Meta-Llama-3.1-8B-Instruct", "Q4_K_S"): 4.69,
+              ("Meta-Llama-3.1-8B-Instruct", "Q5_K_M"): 5.73,
+              ("Qwen2.5-14B-Instruct", "Q2_K"): 5.77, ("Qwen2.5-14B-Instruct", "Q3_K_L"): 7.92,
+              ("Qwen2.5-14B-Instruct", "Q5_K_S"): 10.27}
+    for (name, quant), gb in listed.items():
+        s = parse_row({"id": "k", "model": {"name": name}, "quant": quant,
+                       "engine": "llama.cpp", "hardware": {"name": "RTX 4090"}})
+        prof = engines.for_scenario(s)
+        assert memory.weight_bytes(s, prof) / 1e9 == pytest.approx(gb, rel=0.005), (name, quant)
+        if quant == "Q2_K":
+            old = replace(s, bits_per_weight=formats.bits_per_weight(quant))
+            assert memory.weight_bytes(old, prof) / 1e9 < 0.92 * gb

@@ -7,6 +7,7 @@ sit a little higher. Does not read files: `native` needs the caller to name the 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from tightfit.errors import TightfitError
 
@@ -143,18 +144,46 @@ def bits_for_shape(name: str, bits: float, share: float) -> float:
     return bits + share * (fallback - bits)
 
 
-# llama-quantize's Q4_K_M and Q5_K_M (llama_tensor_get_type in the vendored llama-quant.cpp)
-# store attn_v (and the tensors it treats alike: a fused attn_qkv, MLA's attn_kv_b) and
-# ffn_down in Q6_K for the layers its use_more_bits picks, about half of them, and every other
-# decoder weight in the base type (Q4_K / Q5_K). What the preset averages therefore depends on
-# how much of a layer those two tensors are: a grouped-query model's small attn_v gives
-# Qwen2.5-14B 4.79 bits a decoder weight, where the preset's 7B average (4.85) counts the
-# embedding and an MHA model's attn_v.
-_MORE_BITS_BASE = {"q4_k_m": "q4_k", "q5_k_m": "q5_k"}
-_Q6_K = 6.5625
+# llama-quantize's K-quant presets (llama_tensor_get_type in the vendored llama-quant.cpp) do
+# not store every decoder weight in the preset's base type. attn_v (and the tensors typed as
+# it: a fused attn_qkv, MLA's attn_kv_b), ffn_down and attn_output take other types by layer:
+# Q4_K_M / Q5_K_M put attn_v and ffn_down in Q6_K in the layers use_more_bits picks (about
+# half); Q3_K_M puts attn_v in Q5_K in the first 2 layers and Q4_K after, ffn_down in Q5_K in
+# the first 1/16 and Q4_K after, attn_output in Q4_K; and so on below. What a preset averages
+# therefore depends on the model: a grouped-query model's small V gives Qwen2.5-14B Q4_K_M
+# 4.79 bits a decoder weight, where the preset's 7B average (4.85) counts the embedding and an
+# MHA model's V. (Left out: Falcon's own rules, Llama 70B's attn_v at Q5_K, 8-expert models'
+# attn_v / attn_k at Q8_0, and the IQ presets, whose types depend on an importance matrix.)
+_K_TYPES = {"q2_k": 2.625, "q3_k": 3.4375, "q4_k": 4.5, "q5_k": 5.5, "q6_k": 6.5625}
 # the 32-block type llama-quantize stores a tensor in when its rows are not whole 256-weight
 # blocks (tensor_type_fallback)
-_BLOCK_FALLBACK = {"q4_k": 5.5, "q5_k": 6.0, "q6_k": 8.5}
+_BLOCK_FALLBACK = {"q2_k": 4.5, "q3_k": 4.5, "q4_k": 5.5, "q5_k": 6.0, "q6_k": 8.5}
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+# preset: (base type, attn_v's type for layer i of n at a GQA ratio, ffn_down's type for layer
+# i of n, attn_output's type)
+_PresetRule = tuple[str, Any, Any, str | None]
+_K_PRESETS: dict[str, _PresetRule] = {
+    "q2_k": ("q2_k", lambda i, n, gqa: "q4_k" if gqa >= 4 else "q3_k",
+             lambda i, n: "q3_k", "q3_k"),
+    "q2_k_s": ("q2_k", lambda i, n, gqa: "q4_k" if gqa >= 4 else "q2_k",
+               lambda i, n: "q4_k" if i < n // 8 else "q2_k", None),
+    "q3_k_s": ("q3_k", None, None, None),
+    "q3_k_m": ("q3_k", lambda i, n, gqa: "q5_k" if i < 2 else "q4_k",
+               lambda i, n: "q5_k" if i < n // 16 else "q4_k", "q4_k"),
+    "q3_k_l": ("q3_k", lambda i, n, gqa: "q5_k", lambda i, n: "q5_k", "q5_k"),
+    "q4_k_s": ("q4_k", lambda i, n, gqa: "q5_k" if i < 4 else "q4_k",
+               lambda i, n: "q5_k" if i < n // 8 else "q4_k", None),
+    "q4_k_m": ("q4_k", lambda i, n, gqa: "q6_k" if _use_more_bits(i, n) else "q4_k",
+               lambda i, n: "q6_k" if _use_more_bits(i, n) else "q4_k", None),
+    "q5_k_s": ("q5_k", None, None, None),
+    "q5_k_m": ("q5_k", lambda i, n, gqa: "q6_k" if _use_more_bits(i, n) else "q5_k",
+               lambda i, n: "q6_k" if _use_more_bits(i, n) else "q5_k", None),
+}
 
 
 def more_bits_share(n_layers: int) -> float:
@@ -162,47 +191,47 @@ def more_bits_share(n_layers: int) -> float:
     eighth, and every third layer between."""
     if n_layers <= 0:
         return 0.0
-    e = n_layers // 8
-    picked = sum(1 for i in range(n_layers)
-                 if i < e or i >= 7 * n_layers // 8 or (i - e) % 3 == 2)
-    return picked / n_layers
+    return sum(1 for i in range(n_layers) if _use_more_bits(i, n_layers)) / n_layers
 
 
 def mixed_preset_bits(preset: str, hidden: int, q_out: int, kv_out: int, inter: int,
                       layers: int, attn_layers: int, body_params: float,
                       other_params: float = 0.0, fallback: bool = True,
-                      fused_qkv: bool = False) -> float | None:
+                      fused_qkv: bool = False, gqa: float = 1.0) -> float | None:
     """Average stored bits of the decoder weights (all but the token embedding and the output
-    head) of a Q4_K_M / Q5_K_M file of this shape, tensor group by group; None for another
-    format. `body_params`: those weights' count; `other_params`: of them, a hybrid's recurrent
-    mixers (at the base type); the FFN is the rest. `fallback`: the widths are the model's own,
-    so a width off the 256 block takes the 32-block type."""
-    key = _MORE_BITS_BASE.get(normalise(preset))
-    if key is None or body_params <= 0 or layers <= 0:
+    head) of a K-quant preset's file of this shape, tensor group by group (`_K_PRESETS`); None
+    for another format. `body_params`: those weights' count; `other_params`: of them, a
+    hybrid's recurrent mixers (at the base type); the FFN is the rest. `fallback`: the widths
+    are the model's own, so a width off the 256 block takes the 32-block type. `gqa`: query
+    heads per K/V head (Q2_K's attn_v)."""
+    rule = _K_PRESETS.get(normalise(preset))
+    if rule is None or body_params <= 0 or layers <= 0:
         return None
-    base = BITS_PER_WEIGHT[key]
+    base, v_rule, down_rule, o_type = rule
 
-    def bits(width: int, more: float = 0.0) -> float:
-        def one(t: str) -> float:
-            plain = _Q6_K if t == "q6_k" else base
-            return _BLOCK_FALLBACK[t] if fallback and width % 256 else plain
-        return (1.0 - more) * one(key) + more * one("q6_k")
+    def one(t: str, width: int) -> float:
+        return _BLOCK_FALLBACK[t] if fallback and width % 256 else _K_TYPES[t]
+
+    def by_layer(pick: Any, n: int, width: int, *extra: float) -> float:
+        if pick is None or n <= 0:
+            return one(base, width)
+        return sum(one(pick(i, n, *extra), width) for i in range(n)) / n
 
     attn_layers = min(attn_layers, layers)
-    v_more = more_bits_share(attn_layers)
+    v_bits = by_layer(v_rule, attn_layers, hidden, gqa)
     if fused_qkv:  # one attn_qkv tensor, typed as attn_v
-        groups = [(attn_layers * hidden * (q_out + 2 * kv_out), bits(hidden, v_more))]
+        groups = [(attn_layers * hidden * (q_out + 2 * kv_out), v_bits)]
     else:  # (parameters, bits)
-        groups = [(attn_layers * hidden * (q_out + kv_out), bits(hidden)),
-                  (attn_layers * hidden * kv_out, bits(hidden, v_more))]
-    groups.append((attn_layers * q_out * hidden, bits(q_out)))
+        groups = [(attn_layers * hidden * (q_out + kv_out), one(base, hidden)),
+                  (attn_layers * hidden * kv_out, v_bits)]
+    groups.append((attn_layers * q_out * hidden, one(o_type or base, q_out)))
     attn = sum(p for p, _ in groups)
     other = min(max(other_params, 0.0), max(body_params - attn, 0.0))
     ffn = max(body_params - attn - other, 0.0)
     groups += [
-        (other, bits(hidden)),
-        (2.0 / 3.0 * ffn, bits(hidden)),  # gated FFNs: gate, up, down of one size
-        (ffn / 3.0, bits(inter, more_bits_share(layers))),
+        (other, one(base, hidden)),
+        (2.0 / 3.0 * ffn, one(base, hidden)),  # gated FFNs: gate, up, down of one size
+        (ffn / 3.0, by_layer(down_rule, layers, inter)),
     ]
     total = sum(p for p, _ in groups)
     return sum(p * b for p, b in groups) / total if total > 0 else None

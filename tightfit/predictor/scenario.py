@@ -240,8 +240,8 @@ def stored_bits(quant: str, model: ModelSpec) -> float:
 
 
 def _mixed_preset_bits(quant: str, model: ModelSpec) -> float | None:
-    """Q4_K_M / Q5_K_M: the decoder weights' bits from the model's tensor sizes
-    (formats.mixed_preset_bits). The embedding tables (a tied one once, untied two; capped as
+    """A K-quant preset (Q2_K ... Q5_K_M): the decoder weights' bits from the model's tensor
+    sizes (formats.mixed_preset_bits). The embedding tables (a tied one once, untied two; capped as
     memory.embedding_params caps them) and per-layer embeddings are not decoder weights; a
     hybrid's recurrent layer is taken to hold as many mixer weights as an attention layer
     holds attention weights; an estimated shape gets no 32-block fallback."""
@@ -257,7 +257,8 @@ def _mixed_preset_bits(quant: str, model: ModelSpec) -> float | None:
     return formats.mixed_preset_bits(quant, model.hidden_size, q_out, kv_out,
                                      model.intermediate_size, layers, attn_layers, body,
                                      mixers * attn_weights, fallback=model.shape_known,
-                                     fused_qkv=model.fused_qkv)
+                                     fused_qkv=model.fused_qkv,
+                                     gqa=model.n_heads / max(model.n_kv_heads, 1))
 
 
 def _kv_notes(m: ModelSpec, window_extra: int | None, context: int,
