@@ -1,8 +1,9 @@
 """Weight and KV-cache storage formats: bits per weight as actually stored, and name parsing.
 
-Figures are storage sizes (block scales included), not compute precision. Mixed GGUF presets
-(Q4_K_M, Q5_K_M, ...) are averages over a typical 7B file; small models with large vocabularies
-sit a little higher. Does not read files: `native` needs the caller to name the real format.
+Figures are storage sizes (block scales included), not compute precision. In BITS_PER_WEIGHT a
+mixed GGUF preset (Q4_K_M, Q5_K_M, ...) is its average over a typical 7B file; for a model of
+known shape `mixed_preset_bits` types each tensor group as llama-quantize does. Does not read
+files: `native` needs the caller to name the real format.
 """
 from __future__ import annotations
 
