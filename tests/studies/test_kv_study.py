@@ -56,7 +56,9 @@ def test_study_rows(study):
     assert study.bytes_per_token == {"fp32": 46080, "int8": 12240}
     assert int8.kv_bytes_per_token == 12240 and int8.top1_agreement > 0.9
     assert all(r.decode_ms > 0 and r.attention_ms > 0 and r.evict_ms >= 0 for r in study.rows)
-    assert study.rows[0].evict_ms < 0.01 and study.latency_noise >= 0  # nothing to evict
+    # nothing to evict at the baseline: a structural check, not its timing (a no-op timed at
+    # 0.02 ms under a loaded CI run failed the old `< 0.01 ms`)
+    assert base.occupancy == 1.0 and int8.occupancy == 1.0 and study.latency_noise >= 0
 
 
 @pytest.mark.parametrize("policy", ["sink-recent", "heavy-hitter"])
