@@ -88,6 +88,13 @@ class ModelSpec:
     def embedding_params(self) -> float:
         return float(self.vocab_size * self.hidden_size)
 
+    def table_params(self) -> float:
+        """One embedding table's parameters (vocab x hidden), capped for inconsistent shapes: a
+        tied embedding can be most of a small model (63% of Gemma 3 270M), two untied ones at
+        most all of it."""
+        cap = 0.8 if self.ties_embeddings else 0.5
+        return min(self.embedding_params, cap * self.params_b * 1e9)
+
     @property
     def ties_embeddings(self) -> bool:
         """Small models share the embedding with the output head (SmolLM2, Gemma 3, Qwen2.5 up

@@ -42,16 +42,11 @@ class GGUFModel:
     decoder_bits: float        # stored bits a weight averages outside the embedding tables
     token_embd_bits: float
     head_bits: float           # the output head's (a tied file: the token embedding's)
-    file_bytes: int
     traits_from_table: bool    # window / hybrid traits came from the table
 
 
 class GGUFHeaderError(ValueError):
     """The file is missing, not a GGUF file, or lacks a key the shape needs."""
-
-
-def _value(header: Any, key: str) -> Any:
-    return header.get(key)
 
 
 def _ints(value: Any) -> list[int]:
@@ -87,12 +82,11 @@ def read(path: str | Path) -> GGUFModel:
         reader = GGUFFile(p)
     except ModelFileError as exc:
         raise GGUFHeaderError(str(exc)) from None
-    arch = _value(reader, "general.architecture")
+    arch = reader.get("general.architecture")
     if not isinstance(arch, str):
         raise GGUFHeaderError(f"{str(p)!r} names no general.architecture")
 
-    def key(k: str) -> Any:
-        return _value(reader, f"{arch}.{k}")
+    key = reader.arch_get
 
     elems: dict[str, int] = {}
     nbytes: dict[str, int] = {}
@@ -147,9 +141,9 @@ def read(path: str | Path) -> GGUFModel:
 
     name = p.name
     table = None
-    for candidate in (p.name, f"{_value(reader, 'general.basename') or ''}-"
-                      f"{_value(reader, 'general.size_label') or ''}",
-                      str(_value(reader, "general.name") or "")):
+    for candidate in (p.name, f"{reader.get('general.basename') or ''}-"
+                      f"{reader.get('general.size_label') or ''}",
+                      str(reader.get("general.name") or "")):
         table = architectures.lookup(candidate) if candidate.strip("-") else None
         if table is not None:
             name = candidate
@@ -173,8 +167,8 @@ def read(path: str | Path) -> GGUFModel:
         return 8.0 * nbytes[group] / elems[group] if elems.get(group) else 0.0
 
     embd_bits = bits(_TOKEN_EMBD)
-    return GGUFModel(str(p), arch, name, _quant_name(_value(reader, "general.file_type")), spec,
-                     bits("decoder"), embd_bits, bits(_OUTPUT) or embd_bits, p.stat().st_size,
+    return GGUFModel(str(p), arch, name, _quant_name(reader.get("general.file_type")), spec,
+                     bits("decoder"), embd_bits, bits(_OUTPUT) or embd_bits,
                      table is not None)
 
 

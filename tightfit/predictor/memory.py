@@ -76,10 +76,8 @@ def compute_dtype_bytes(s: Scenario) -> float:
 
 
 def embedding_params(s: Scenario) -> float:
-    """vocab x hidden, capped for inconsistent shapes: a tied embedding can be most of a small
-    model (63% of Gemma 3 270M), two untied ones at most all of it."""
-    cap = 0.8 if s.model.ties_embeddings else 0.5
-    return min(s.model.embedding_params, cap * s.model.params_b * 1e9)
+    """vocab x hidden, capped for inconsistent shapes (ModelSpec.table_params)."""
+    return s.model.table_params()
 
 
 def gguf_head_bits(s: Scenario) -> float:

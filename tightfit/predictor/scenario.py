@@ -241,13 +241,11 @@ def stored_bits(quant: str, model: ModelSpec) -> float:
 
 def _mixed_preset_bits(quant: str, model: ModelSpec) -> float | None:
     """A K-quant preset (Q2_K ... Q5_K_M): the decoder weights' bits from the model's tensor
-    sizes (formats.mixed_preset_bits). The embedding tables (a tied one once, untied two; capped as
-    memory.embedding_params caps them) and per-layer embeddings are not decoder weights; a
-    hybrid's recurrent layer is taken to hold as many mixer weights as an attention layer
-    holds attention weights; an estimated shape gets no 32-block fallback."""
-    tables = 1 if model.ties_embeddings else 2
-    cap = 0.8 if model.ties_embeddings else 0.5
-    embed = min(model.embedding_params, cap * model.params_b * 1e9) * tables
+    sizes (formats.mixed_preset_bits). The embedding tables (a tied one once, untied two;
+    ModelSpec.table_params) and per-layer embeddings are not decoder weights; a hybrid's
+    recurrent layer is taken to hold as many mixer weights as an attention layer holds
+    attention weights; an estimated shape gets no 32-block fallback."""
+    embed = model.table_params() * (1 if model.ties_embeddings else 2)
     body = model.params_b * 1e9 - embed - model.per_layer_embed_params_b * 1e9
     layers = max(model.n_layers // max(model.layer_loops, 1), 1)
     attn_layers = max(model.kv_layers // max(model.layer_loops, 1), 1)
