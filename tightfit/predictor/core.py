@@ -126,9 +126,19 @@ def predict_scenario(s: Scenario, model: PredictorModel,
         peak_memory_gb=b.memory.peak_bytes / GB, offload_fraction=1 - b.memory.device_fraction,
         prefill_tok_s=prefill, decode_tok_s=w.batch / t_step, ttft_s=ttft, tpot_s=t_step,
         bottleneck=attribution.bottleneck(b.decode), factors=factors,
-        interval=_intervals(s, model, b, t_step, t_pre, ttft), notes=s.notes + _placement_notes(s, b),
+        interval=_intervals(s, model, b, t_step, t_pre, ttft), notes=s.notes + _placement_notes(s, b) + _peak_notes(b),
         memory=_memory_parts(b),
     )
+
+
+def _peak_notes(b: Breakdown) -> tuple[str, ...]:
+    """Where the peak varies from run to run (memory.load_reuse_bytes): its lower level."""
+    m = b.memory
+    if not m.peak_low_bytes or m.peak_bytes - m.peak_low_bytes < 1e-3 * m.peak_bytes:
+        return ()
+    return (f"the load peak varies from run to run: {m.peak_bytes / GB:.2f} GiB, or "
+            f"{m.peak_low_bytes / GB:.2f} GiB where the allocator reuses the memory freed after "
+            "dequantising the largest tensor (HF's GGUF load); a budget must hold the first",)
 
 
 def _placement_notes(s: Scenario, b: Breakdown) -> tuple[str, ...]:
@@ -214,11 +224,14 @@ def _intervals(s: Scenario, model: PredictorModel, b: Breakdown, t_step: float, 
     plo, phi = model.prefill.band(s.device.device_class)
     wid = s.widen
     mem = b.memory.peak_bytes / GB
+    # a peak that varies from run to run (HF's GGUF load: memory.load_reuse_bytes) widens the
+    # band down to its lower level
+    low = min(mem * (1 - MEMORY_BAND * wid), (b.memory.peak_low_bytes or b.memory.peak_bytes) / GB)
     out = {
         "decode_tok_s": _band(s.workload.batch / t_step, dlo, dhi, wid),
         "tpot_s": _band(t_step, -dhi, -dlo, wid),
         "ttft_s": _band(ttft, -phi, -plo, wid),
-        "peak_memory_gb": (mem * (1 - MEMORY_BAND * wid), mem * (1 + MEMORY_BAND * wid)),
+        "peak_memory_gb": (low, mem * (1 + MEMORY_BAND * wid)),
     }
     if t_pre > 0:
         out["prefill_tok_s"] = _band(s.workload.batch * s.workload.prompt_tokens / t_pre, plo, phi, wid)

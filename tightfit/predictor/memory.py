@@ -39,6 +39,13 @@ _GGUF_EMBED_BITS = 8.5  # tightfit keeps a GGUF source's token embedding as stor
 # HF Transformers reading a GGUF file: fp32 copies while converting, ~a quarter of the weights
 # plus two of the (tied) embedding; fitted to this machine's two models (in-sample).
 _HF_EMBED_COPIES = 2.0
+# ... of which one is not always taken: the peak is the `np.copy` of the dequantised embedding
+# (transformers' load_gguf_checkpoint), and whether glibc's malloc hands that copy memory the
+# dequantisation freed varies from run to run (docs/predictor.md, "Not done / limits": Gemma 3
+# 270M on one machine peaks at 3,202 or 2,564 MiB, one fp32 embedding apart; with glibc's mmap
+# threshold fixed, always the upper). The peak predicted is the upper level, what a budget must
+# hold; the interval reaches down to the lower (load_reuse_bytes).
+_HF_REUSED_COPIES = 1.0
 # tightfit fp32: tensors are dequantised one at a time; measured 18 / 59 MiB above the result.
 _F32_TRANSIENT_MB, _F32_TRANSIENT_SHARE = 9.0, 0.08
 
@@ -67,6 +74,9 @@ class MemoryEstimate:
     host_layer_share: float | None = None
     head_on_host: bool = False
     gpu_bytes: float = 0.0  # ... and what it puts on the GPU(s), buffers and context included
+    # the lowest peak a run of this deployment is seen to reach, where it varies from run to run
+    # (HF's GGUF load: load_reuse_bytes); equal to peak_bytes elsewhere (0: not set)
+    peak_low_bytes: float = 0.0
 
 
 def compute_dtype_bytes(s: Scenario) -> float:
@@ -184,6 +194,14 @@ def held_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
         head_bits = stored_head_bits(s, prof) if gguf else s.bits_per_weight
         body = max(m.params_b * 1e9 - 2 * embed, 0.0)
     return (body * s.bits_per_weight + embed * embed_bits + embed * head_bits) / 8
+
+
+def load_reuse_bytes(s: Scenario, prof: EngineProfile) -> float:
+    """Of `load_transient_bytes`, what the allocator reuses in some runs and not in others
+    (HF's GGUF load: _HF_REUSED_COPIES); 0 for every other loader."""
+    if keeps_quantised(prof, s.quant) or not prof.dequantises:
+        return 0.0
+    return _HF_REUSED_COPIES * embedding_params(s) * compute_dtype_bytes(s)
 
 
 def load_transient_bytes(s: Scenario, prof: EngineProfile, weights: float) -> float:
@@ -449,9 +467,10 @@ def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
         if experts and host <= weights * experts / (s.model.params_b * 1e9):
             host_experts = host  # experts first; past all of them, whole layers as for a dense model
     fits = _fits(s, fits_dev, gpu, host, prof, peak)
+    low = max(load_peak - load_reuse_bytes(s, prof), serving_peak)
     return MemoryEstimate(weights, kv, buffers, runtime, peak, capacity, frac, host, fits_dev, fits,
                           transient, "load" if load_peak > serving_peak else "serving", state,
-                          host_experts)
+                          host_experts, peak_low_bytes=low)
 
 
 def _set_placement(s: Scenario, prof: EngineProfile, weights: float, kv: float, state: float,

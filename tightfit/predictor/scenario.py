@@ -5,6 +5,7 @@ uncertainty; a bad field raises RowError naming it. Does no prediction.
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import math
@@ -102,6 +103,68 @@ def device_profile_path() -> Path:
     return Path(env) if env else cache_root() / "device.json"
 
 
+# The input contract's fields (docs/predictor.md), by section. A key outside them that reads as
+# one of them (a known other name, or a near spelling) is a row error: left out silently it would
+# change the answer (`"device_class": "cpu"` read as nothing left an unnamed device a GPU). Other
+# keys are named in a note and ignored; the top level may carry keys of its own (a score file's
+# `measured`, `source`).
+FIELDS = {
+    "": ("id", "hardware", "model", "quant", "engine", "workload", "observed"),
+    "hardware": ("name", "kind", "memory_gb", "memory_bandwidth_gbps", "fp16_tflops",
+                 "host_memory_gb", "host_bandwidth_gbps", "device_count", "cpu_cores", "dies",
+                 "kernel_gflops", "kernel_stream_share"),
+    "model": ("name", "path", "params_b", "active_params_b", "n_layers", "hidden_size",
+              "intermediate_size", "n_heads", "n_kv_heads", "vocab_size", "head_dim",
+              "sliding_window", "sliding_layers", "attention_layers", "kv_shared_layers",
+              "per_layer_embed_params_b", "full_kv_scale", "state_mb_per_layer", "mixer",
+              "layer_loops"),
+    "workload": ("prompt_tokens", "gen_tokens", "batch", "context_tokens", "slots", "kv_dtype",
+                 "moe_offload", "flash_attn", "gpu_layers", "n_cpu_moe"),
+}
+# other names users give these fields (llama.cpp's flags, HF config keys, common spellings)
+_OTHER_NAMES = {
+    "": {"quantization": "quant", "quantisation": "quant", "weight_format": "quant",
+         "format": "quant", "dtype": "quant", "backend": "engine", "runtime": "engine",
+         "device": "hardware", "gpu": "hardware", "machine": "hardware"},
+    "hardware": {"device_class": "kind", "device_type": "kind", "type": "kind", "class": "kind",
+                 "bandwidth_gbps": "memory_bandwidth_gbps", "bandwidth": "memory_bandwidth_gbps",
+                 "mem_bandwidth_gbps": "memory_bandwidth_gbps", "vram_gb": "memory_gb",
+                 "memory": "memory_gb", "ram_gb": "memory_gb", "vram": "memory_gb",
+                 "tflops": "fp16_tflops", "gpus": "device_count", "num_gpus": "device_count",
+                 "gpu_count": "device_count", "threads": "cpu_cores", "cores": "cpu_cores",
+                 "n_threads": "cpu_cores"},
+    "model": {"layers": "n_layers", "num_hidden_layers": "n_layers", "hidden": "hidden_size",
+              "num_attention_heads": "n_heads", "num_key_value_heads": "n_kv_heads",
+              "params": "params_b", "size_b": "params_b", "file": "path", "gguf": "path"},
+    "workload": {"context": "context_tokens", "ctx": "context_tokens", "n_ctx": "context_tokens",
+                 "ctx_size": "context_tokens", "context_length": "context_tokens",
+                 "prompt": "prompt_tokens", "n_prompt": "prompt_tokens",
+                 "input_tokens": "prompt_tokens", "gen": "gen_tokens", "n_gen": "gen_tokens",
+                 "max_tokens": "gen_tokens", "output_tokens": "gen_tokens",
+                 "n_predict": "gen_tokens", "batch_size": "batch", "parallel": "slots",
+                 "n_gpu_layers": "gpu_layers", "ngl": "gpu_layers",
+                 "cache_type_k": "kv_dtype", "kv_cache_dtype": "kv_dtype", "fa": "flash_attn"},
+}
+
+
+def unknown_fields(section: dict[str, Any], name: str) -> list[str]:
+    """Keys of `section` (`name`: "" for the row itself) outside the contract, as `section.key`;
+    raises RowError for one that reads as a field of it."""
+    known = FIELDS[name]
+    prefix = f"{name}." if name else ""
+    left = []
+    for key in section:
+        if key in known or not isinstance(key, str):
+            continue
+        guess = _OTHER_NAMES[name].get(key.lower()) or next(
+            iter(difflib.get_close_matches(key.lower(), known, n=1, cutoff=0.8)), None)
+        if guess is not None:
+            raise RowError(f"{prefix}{key}", f"not a field of the input; did you mean "
+                           f"{prefix}{guess}? (the fields are listed in docs/predictor.md)")
+        left.append(f"{prefix}{key}")
+    return left
+
+
 def parse_row(row: Any, files: bool = True) -> Scenario:
     """Validate one input object; raises RowError naming the first bad field. `files`: a row
     may name a local GGUF file or Hugging Face directory (`model.path`) to read its shape (and
@@ -113,8 +176,15 @@ def parse_row(row: Any, files: bool = True) -> Scenario:
     rid = row.get("id")
     if rid is None or (isinstance(rid, str) and not rid.strip()):
         raise RowError("id", "missing; give each scenario a unique id")
-    device, hw_widen, hw_notes = _device(_section(row, "hardware"))
-    model_section = _section(row, "model")
+    unknown_fields(row, "")  # a misnamed field raises; other keys of the row are the caller's
+    hw_section, model_section = _section(row, "hardware"), _section(row, "model")
+    ignored = unknown_fields(hw_section, "hardware") + unknown_fields(model_section, "model")
+    if isinstance(row.get("workload"), dict):
+        ignored += unknown_fields(row["workload"], "workload")
+    device, hw_widen, hw_notes = _device(hw_section)
+    if ignored:
+        hw_notes = hw_notes + [f"{', '.join(ignored)} ignored: not fields of the input "
+                               "(docs/predictor.md lists them)"]
     file = _model_file(model_section, files)
     model, model_widen, model_notes = _model(model_section, file.spec if file else None)
     quant, embed_bits = _quant(_file_quant(row.get("quant"), file))
