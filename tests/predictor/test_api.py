@@ -251,3 +251,25 @@ def test_hf_gguf_load_peak_band_reaches_its_lower_level() -> None:
     lo, hi = cpp["interval"]["peak_memory_gb"]
     assert lo == pytest.approx(0.85 * cpp["peak_memory_gb"], rel=0.01)
     assert not any("varies from run to run" in n for n in cpp["notes"])
+
+
+def test_hf_half_float_checkpoint_is_held_as_stored_without_a_load_copy() -> None:
+    """A bf16 checkpoint in HF Transformers is mapped from its safetensors as stored (dtype
+    "auto"): weights at 2 bytes on a CPU too, no load transient, so Qwen2.5-7B bf16 fits a
+    16 GiB card. A GGUF file on a CPU is converted to fp32 in memory, with its transient."""
+    base = {"model": "Qwen2.5-7B-Instruct", "engine": "hf-transformers",
+            "workload": {"prompt_tokens": 512, "gen_tokens": 128}}
+    gpu, cpu, gguf = predict([
+        dict(base, id="g", quant="bf16", hardware={"name": "RTX 4080"}),
+        dict(base, id="c", quant="bf16", hardware={"name": "generic 2 core cloud vm avx2",
+                                                    "memory_gb": 64}),
+        dict(base, id="q", quant="Q4_K_M", hardware={"name": "generic 2 core cloud vm avx2",
+                                                      "memory_gb": 64})])
+    params_gib = 7.6e9 / 2**30
+    for out in (gpu, cpu):
+        assert out["memory"]["load_transient_gb"] == 0
+        assert out["memory"]["weights_gb"] == pytest.approx(2 * params_gib, rel=0.02)
+        assert not any("varies from run to run" in n for n in out["notes"])
+    assert gpu["fits"] is True and gpu["peak_memory_gb"] < 16
+    assert gguf["memory"]["weights_gb"] == pytest.approx(4 * params_gib, rel=0.02)
+    assert gguf["memory"]["load_transient_gb"] > 0 and gguf["memory"]["peak_phase"] == "load"

@@ -138,7 +138,8 @@ def _peak_notes(b: Breakdown) -> tuple[str, ...]:
         return ()
     return (f"the load peak varies from run to run: {m.peak_bytes / GB:.2f} GiB, or "
             f"{m.peak_low_bytes / GB:.2f} GiB where the allocator reuses the memory freed after "
-            "dequantising the largest tensor (HF's GGUF load); a budget must hold the first",)
+            "converting the largest tensor (HF converting the file to float); a budget must "
+            "hold the first",)
 
 
 def _placement_notes(s: Scenario, b: Breakdown) -> tuple[str, ...]:

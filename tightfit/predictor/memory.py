@@ -79,7 +79,15 @@ class MemoryEstimate:
     peak_low_bytes: float = 0.0
 
 
+HALF_FLOATS = ("f16", "fp16", "bf16")
+
+
 def compute_dtype_bytes(s: Scenario) -> float:
+    """Bytes of a float weight as the engine computes with it: fp32 on a CPU (tightfit's float
+    path, HF reading a GGUF file), fp16 elsewhere, and a half-float checkpoint in HF as stored
+    (transformers' default dtype "auto" keeps a bf16 checkpoint bf16, on a CPU too)."""
+    if s.engine == "hf-transformers" and s.quant in HALF_FLOATS:
+        return 2.0
     if s.quant in ("fp32", "f32") or s.device.device_class == "cpu":
         return 4.0
     return 2.0
@@ -196,10 +204,21 @@ def held_weight_bytes(s: Scenario, prof: EngineProfile) -> float:
     return (body * s.bits_per_weight + embed * embed_bits + embed * head_bits) / 8
 
 
+def hf_converts_on_load(s: Scenario, prof: EngineProfile) -> bool:
+    """HF Transformers converts the file's tensors to float in the memory it then runs from: a
+    GGUF file dequantised (or a checkpoint cast to fp32) on a CPU or a unified-memory chip. Not
+    a half-float checkpoint loaded as stored (safetensors are mapped from the file, nothing
+    converted: a 0.5B bf16 checkpoint loaded on this machine held 399 MiB of RSS after
+    `from_pretrained`, 1,098 MiB of weights mapped), nor on a discrete GPU, where the conversion
+    is in host RAM and the card gets the finished tensors."""
+    return (prof.dequantises and not keeps_quantised(prof, s.quant)
+            and s.quant not in HALF_FLOATS and s.device.device_class != "discrete_gpu")
+
+
 def load_reuse_bytes(s: Scenario, prof: EngineProfile) -> float:
     """Of `load_transient_bytes`, what the allocator reuses in some runs and not in others
     (HF's GGUF load: _HF_REUSED_COPIES); 0 for every other loader."""
-    if keeps_quantised(prof, s.quant) or not prof.dequantises:
+    if not hf_converts_on_load(s, prof):
         return 0.0
     return _HF_REUSED_COPIES * embedding_params(s) * compute_dtype_bytes(s)
 
@@ -210,6 +229,8 @@ def load_transient_bytes(s: Scenario, prof: EngineProfile, weights: float) -> fl
     if keeps_quantised(prof, s.quant):  # quantised as placed: one float tensor at a time
         return embed * compute_dtype_bytes(s)
     if prof.dequantises:
+        if not hf_converts_on_load(s, prof):
+            return 0.0
         return _HF_LOAD_TRANSIENT * weights + _HF_EMBED_COPIES * embed * compute_dtype_bytes(s)
     if prof.load_transient_mb == 0 and prof.load_transient_share == 0:
         return 0.0
