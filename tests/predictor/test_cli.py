@@ -37,6 +37,30 @@ def test_missing_input_file_is_a_user_error(tmp_path, capsys) -> None:
     assert "nope.jsonl" in capsys.readouterr().err
 
 
+def test_a_directory_or_binary_input_is_a_user_error(tmp_path, capsys) -> None:
+    assert main(["predict", "--input", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    blob = tmp_path / "model.gguf"
+    blob.write_bytes(b"GGUF\x03\x00\x00\x00\xff\xfe")
+    assert main(["predict", "--input", str(blob)]) == 2
+    assert "not a text file" in capsys.readouterr().err
+
+
+def test_a_line_that_is_not_utf8_is_a_row_error(tmp_path, row, capsys) -> None:
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(json.dumps(row).encode() + b'\n{"id": "caf\xe9"}\n')
+    assert main(["predict", "-i", str(path)]) == 0
+    good, bad = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert "error" not in good
+    assert bad["error"]["field"] == "row" and "not UTF-8" in bad["error"]["message"]
+
+
+def test_an_output_that_cannot_be_written_is_a_user_error(tmp_path, row, capsys) -> None:
+    out = tmp_path / "no-such-dir" / "p.jsonl"
+    assert main(["predict", "--input", _write(tmp_path, [row]), "--output", str(out)]) == 2
+    assert "cannot be written" in capsys.readouterr().err
+
+
 def test_check_gate(tmp_path, row, capsys) -> None:
     path = _write(tmp_path, [row])
     assert main(["check", "--input", path, "--ttft-slo", "5", "--tpot-slo", "0.5"]) == 0
