@@ -69,6 +69,20 @@ def test_check_gate(tmp_path, row, capsys) -> None:
     assert main(["check", "--input", path]) == 2
 
 
+def test_check_gives_the_predictions_own_reason_for_an_undecided_fit() -> None:
+    from tightfit.cli.check import verdict
+
+    band = ("the GPU part (7.81 GiB) is over the card's 7.70 GiB by less than the memory "
+            "estimate's error (5%): whether llama.cpp loads it is undecided (fits null); "
+            "gpu_layers 40 keeps it under")
+    pred = {"id": "a", "fits": None, "peak_memory_gb": 9.0, "notes": ["other", band],
+            "ttft_s": 0.1, "tpot_s": 0.01}
+    (reason,) = verdict(pred, None, None, False)
+    assert reason.endswith(band) and "undecided" in reason
+    (reason,) = verdict(dict(pred, notes=[]), None, None, False)
+    assert "hardware.host_memory_gb" in reason
+
+
 def test_check_fails_on_does_not_fit(tmp_path, row) -> None:
     row["quant"] = "F16"
     path = _write(tmp_path, [row])

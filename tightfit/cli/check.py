@@ -32,8 +32,11 @@ def verdict(pred: dict[str, Any], ttft: float | None, tpot: float | None, upper:
     if pred.get("fits") is False:
         reasons.append(f"does not fit: needs {pred['peak_memory_gb']} GiB")
     elif pred.get("fits") is None:
-        reasons.append(f"does not fit on the device ({pred['peak_memory_gb']} GiB); give "
-                       "hardware.host_memory_gb to judge offload")
+        # the prediction's own note says why it is undecided (host RAM unknown, or a set
+        # placement within the memory estimate's error of the card)
+        why = next((n for n in pred.get("notes", []) if "fits null" in n or "fits is null" in n),
+                   "give hardware.host_memory_gb to judge offload")
+        reasons.append(f"fit undecided ({pred['peak_memory_gb']} GiB): {why}")
     for name, slo in (("ttft_s", ttft), ("tpot_s", tpot)):
         if slo is None:
             continue
