@@ -109,6 +109,15 @@ def test_a_key_that_reads_as_a_field_is_an_error_naming_it(row, section, key, va
     assert f"did you mean {meant}?" in out["error"]["message"]
 
 
+def test_an_unnamed_device_without_a_kind_says_it_is_taken_as_a_gpu(row) -> None:
+    row["hardware"] = {"memory_gb": 24, "memory_bandwidth_gbps": 25, "cpu_cores": 2}
+    (out,) = predict([row])
+    assert any(n.startswith("hardware.kind missing: taken as a discrete GPU") for n in out["notes"])
+    row["hardware"]["kind"] = "cpu"
+    (out,) = predict([row])
+    assert not any("hardware.kind missing" in n for n in out["notes"])
+
+
 def test_other_unknown_keys_are_named_in_a_note_and_ignored(row) -> None:
     plain = predict([copy.deepcopy(row)])[0]
     row["hardware"]["colour"] = "green"

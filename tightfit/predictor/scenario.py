@@ -456,7 +456,11 @@ def _base_device(name: str, hw: dict[str, Any]) -> tuple[DeviceSpec, float, list
     guess = DeviceSpec(name or "unnamed", _KIND_ALIASES.get(kind, "gpu"), 8.0, float(bw),
                        max(float(bw) / 10.0, 0.05), 16, unified=kind != "gpu")
     widen = 1.0 if hw.get("fp16_tflops") is not None else 1.5
-    return guess, widen, ["device not in catalog: unspecified fields estimated"]
+    notes = ["device not in catalog: unspecified fields estimated"]
+    if hw.get("kind") is None:
+        notes.append("hardware.kind missing: taken as a discrete GPU; give kind (gpu, cpu, "
+                     "apple, igpu, edge) for another device")
+    return guess, widen, notes
 
 
 def _local_profile() -> DeviceSpec:
