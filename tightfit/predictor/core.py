@@ -126,7 +126,8 @@ def predict_scenario(s: Scenario, model: PredictorModel,
         peak_memory_gb=b.memory.peak_bytes / GB, offload_fraction=1 - b.memory.device_fraction,
         prefill_tok_s=prefill, decode_tok_s=w.batch / t_step, ttft_s=ttft, tpot_s=t_step,
         bottleneck=attribution.bottleneck(b.decode), factors=factors,
-        interval=_intervals(s, model, b, t_step, t_pre, ttft), notes=s.notes + _placement_notes(s, b) + _peak_notes(b),
+        interval=_intervals(s, model, b, t_step, t_pre, ttft),
+        notes=s.notes + _placement_notes(s, b) + _peak_notes(b),
         memory=_memory_parts(b),
     )
 
