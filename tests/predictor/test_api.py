@@ -80,6 +80,15 @@ def test_unknown_device_with_bandwidth_widens_the_band(row) -> None:
      "workload.context_tokens"),
     # fewer slots than sequences in flight: no engine decodes a sequence it does not hold
     (lambda r: r["workload"].update(batch=8, slots=4), "workload.slots"),
+    # found by fuzzing parse_row: each had escaped as an exception (OverflowError, TypeError)
+    (lambda r: r["hardware"].__setitem__("memory_bandwidth_gbps", 1e-300),
+     "hardware.memory_bandwidth_gbps"),
+    (lambda r: r["hardware"].__setitem__("fp16_tflops", 1e-300), "hardware.fp16_tflops"),
+    (lambda r: r.__setitem__("hardware", {"name": "Prototype X", "memory_bandwidth_gbps": {}}),
+     "hardware.memory_bandwidth_gbps"),
+    (lambda r: r["hardware"].__setitem__("device_count", 0.5), "hardware.device_count"),
+    (lambda r: r["model"].__setitem__("n_layers", 0.5), "model.n_layers"),
+    (lambda r: r["model"].__setitem__("params_b", 1e-9), "model.params_b"),
 ])
 def test_bad_rows_name_the_field_and_others_still_answer(row, mutate, field) -> None:
     good = dict(copy.deepcopy(row), id="good")

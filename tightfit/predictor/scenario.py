@@ -399,15 +399,17 @@ def _device(hw: dict[str, Any]) -> tuple[DeviceSpec, float, list[str]]:
     if kind is not None and str(kind).lower() not in _KIND_ALIASES:
         raise RowError("hardware.kind", f"{kind!r} is not one of gpu, cpu, apple, igpu, edge")
     fields = {
-        "memory_gb": _number(hw, "memory_gb", "hardware", 0, 4096),
-        "bandwidth_gbps": _number(hw, "memory_bandwidth_gbps", "hardware", 0, 50000),
-        "fp16_tflops": _number(hw, "fp16_tflops", "hardware", 0, 100000),
-        "host_memory_gb": _number(hw, "host_memory_gb", "hardware", 0, 65536),
-        "host_bandwidth_gbps": _number(hw, "host_bandwidth_gbps", "hardware", 0, 50000),
+        # lower bounds: a microcontroller's (10 MB of memory, 50 MB/s, 0.1 GFLOP/s); below
+        # them a value is a unit slip, and the arithmetic leaves float range
+        "memory_gb": _number(hw, "memory_gb", "hardware", 0.01, 4096),
+        "bandwidth_gbps": _number(hw, "memory_bandwidth_gbps", "hardware", 0.05, 50000),
+        "fp16_tflops": _number(hw, "fp16_tflops", "hardware", 1e-4, 100000),
+        "host_memory_gb": _number(hw, "host_memory_gb", "hardware", 0.01, 65536),
+        "host_bandwidth_gbps": _number(hw, "host_bandwidth_gbps", "hardware", 0.05, 50000),
     }
-    count = _number(hw, "device_count", "hardware", 0, 64)
-    cores = _number(hw, "cpu_cores", "hardware", 0, 4096)
-    dies = _number(hw, "dies", "hardware", 0, 64)
+    count = _whole(hw, "device_count", "hardware", 0, 64)
+    cores = _whole(hw, "cpu_cores", "hardware", 0, 4096)
+    dies = _whole(hw, "dies", "hardware", 0, 64)
     spec = hardware.with_overrides(
         base, **fields, kind=_KIND_ALIASES[str(kind).lower()] if kind else None,
         device_count=int(count) if count else None, cpu_cores=int(cores) if cores else None,
@@ -424,7 +426,7 @@ def _device(hw: dict[str, Any]) -> tuple[DeviceSpec, float, list[str]]:
     stream = _number(hw, "kernel_stream_share", "hardware", 0, 4)
     if stream is not None:
         spec = replace(spec, kernel_stream_share=stream)
-    kernel = _number(hw, "kernel_gflops", "hardware", 0, 1_000_000)
+    kernel = _number(hw, "kernel_gflops", "hardware", 0, 1_000_000)  # its share is clipped
     if kernel is not None:
         spec = replace(spec, kernel_gflops=kernel)
     elif spec.kernel_gflops is not None and spec.fp16_tflops != base.fp16_tflops:
@@ -444,7 +446,7 @@ def _base_device(name: str, hw: dict[str, Any]) -> tuple[DeviceSpec, float, list
         if not exact and hardware.memory_in_name(name) is not None:
             note[0] += f" with the {found.memory_gb:g} GiB in its name"
         return found, 1.0, note
-    bw = hw.get("memory_bandwidth_gbps")
+    bw = _number(hw, "memory_bandwidth_gbps", "hardware", 0.05, 50000)
     if bw is None:
         label = f"hardware.name {name!r} is not in the catalog" if name else "hardware.name missing"
         near = hardware.closest_names(name) if name else []
@@ -492,15 +494,15 @@ def _model(m: dict[str, Any], read: ModelSpec | None = None) -> tuple[ModelSpec,
     """The model section as a ModelSpec: the table's by name, else one estimated from its size;
     `read`: a file's (`model.path`). Shape fields the row gives override either."""
     name = str(m.get("name") or "").strip()
-    params = _number(m, "params_b", "model", 0, 20000)
-    active = _number(m, "active_params_b", "model", 0, 20000)
+    params = _number(m, "params_b", "model", 1e-4, 20000)  # from 100k parameters
+    active = _number(m, "active_params_b", "model", 1e-4, 20000)
     spec = read or (architectures.lookup(name) if name else None)
     if spec is None and params is None:
         raise RowError("model.params_b", f"missing and no size can be derived from name {name!r}; "
                        "give params_b (billions)")
     if spec is None:
         spec = architectures.estimate_shape(name or "unnamed", params or 0.0, active)
-    ints = {k: _number(m, k, "model", 0, hi) for k, hi in _MODEL_INT_FIELDS.items()}
+    ints = {k: _whole(m, k, "model", 0, hi) for k, hi in _MODEL_INT_FIELDS.items()}
     updates: dict[str, Any] = {k: int(v) for k, v in ints.items() if v is not None}
     if params is not None:
         updates["params_b"] = params
