@@ -291,3 +291,43 @@ def test_hf_half_float_checkpoint_is_held_as_stored_without_a_load_copy() -> Non
     assert gpu["fits"] is True and gpu["peak_memory_gb"] < 16
     assert gguf["memory"]["weights_gb"] == pytest.approx(4 * params_gib, rel=0.02)
     assert gguf["memory"]["load_transient_gb"] > 0 and gguf["memory"]["peak_phase"] == "load"
+
+
+def test_odd_values_in_any_field_are_row_errors_never_exceptions() -> None:
+    """A seeded fuzz: every input field set to extreme numbers, NaN, strings, lists or objects,
+    on base rows across engines and device kinds. Each row is answered or gets an error entry;
+    none raises (a full run found OverflowError / TypeError escaping, 2026-12-07)."""
+    import math
+    import random
+
+    from tightfit.predictor.scenario import FIELDS
+
+    rng = random.Random(7)
+    values = [0.5, 1e-300, 1e-5, 2**31, None, True, 0, -1, 7, 1e308, float("nan"), float("inf"),
+              "", "abc", "Q4_K_M", "cpu", "all", [], [1], {}, {"a": 1}]
+    bases = [
+        {"hardware": {"name": "RTX 3070"}, "model": {"name": "Meta-Llama-3-8B"},
+         "quant": "Q4_K_M", "engine": "llama.cpp", "workload": {"prompt_tokens": 512}},
+        {"hardware": {"name": "generic 2 core cloud vm avx2"}, "model": {"name": "gemma-3-270m"},
+         "quant": "Q4_K_M", "engine": "tightfit", "workload": {"prompt_tokens": 64}},
+        {"hardware": {"name": "RTX 4060"}, "model": {"name": "Qwen3.5-9B"}, "quant": "Q4_K_M",
+         "engine": "llama.cpp", "workload": {"context_tokens": 65536, "gpu_layers": 20}},
+        {"hardware": {"kind": "cpu", "memory_gb": 16, "memory_bandwidth_gbps": 50},
+         "model": {"name": "mystery", "params_b": 3.0}, "quant": "Q8_0", "engine": "llama.cpp",
+         "workload": {}},
+    ]
+    rows = []
+    for i in range(1500):
+        row = copy.deepcopy(rng.choice(bases))
+        row["id"] = i
+        for _ in range(rng.randint(1, 2)):
+            section = rng.choice([s for s in FIELDS if s])
+            row[section][rng.choice(FIELDS[section])] = rng.choice(values)
+        rows.append(row)
+    out = predict(rows, files=False)
+    assert len(out) == len(rows)
+    answered = [o for o in out if "error" not in o]
+    assert answered and len(answered) < len(out)
+    for o in answered:
+        assert math.isfinite(o["decode_tok_s"]) and o["decode_tok_s"] > 0
+        assert math.isfinite(o["peak_memory_gb"]) and o["peak_memory_gb"] > 0
