@@ -191,6 +191,23 @@ def test_unknown_device_error_names_the_closest_catalog_entries() -> None:
     assert out[1]["fits"] is True and any("16 GiB in its name" in n for n in out[1]["notes"])
 
 
+@pytest.mark.parametrize("name,entry", [
+    # another product sharing a model number is not the catalog's: the Orange Pi 5 had been
+    # taken as the Raspberry Pi 5 (half its bandwidth), the first Jetson Nano as the Orin Nano
+    ("Orange Pi 5", "Orange Pi 5 (RK3588)"), ("Rock 5B", "Orange Pi 5 (RK3588)"),
+    ("Jetson Nano", "Jetson Nano 4GB"), ("Jetson Orin Nano", "Jetson Orin Nano 8GB"),
+    ("Raspberry Pi 5", "Raspberry Pi 5"), ("Banana Pi 5", None),
+    ("RTX 4050 Laptop", "GeForce RTX 4050 Laptop GPU"),
+    ("NVIDIA GeForce RTX 4070 Laptop GPU", "GeForce RTX 4070 Laptop GPU"),
+    ("RTX 4080", "GeForce RTX 4080"), ("Steam Deck", "Steam Deck (Van Gogh APU)"),
+])
+def test_catalog_names_resolve_to_their_own_product(name: str, entry: str | None) -> None:
+    from tightfit.predictor.hardware import lookup
+
+    found = lookup(name)
+    assert (found.name if found else None) == entry
+
+
 def test_the_band_is_the_device_classs_own(row) -> None:
     """The shipped model keeps held-out residual quantiles per device class: a GPU's decode band
     is the GPUs', a CPU's the CPUs' (two CPUs whose kernels differ 2x at equal probes make the

@@ -171,6 +171,11 @@ CATALOG: tuple[DeviceSpec, ...] = (
     _g("GeForce RTX 3060 Laptop GPU", 6, 336, 52, 30),
     _g("GeForce RTX 4060 Laptop GPU", 8, 256, 58, 24),
     _g("GeForce RTX 4090 Laptop GPU", 16, 576, 160, 76),
+    # (tensor rates scaled by CUDA cores from the two laptop entries above; a laptop's power
+    # limit moves its clocks, and so these, by +-20%)
+    _g("GeForce RTX 4050 Laptop GPU", 6, 192, 46, 20),
+    _g("GeForce RTX 4070 Laptop GPU", 8, 256, 80, 36),
+    _g("GeForce RTX 4080 Laptop GPU", 12, 432, 125, 58),
     _g("Tesla P40", 24, 347, 12, 30),  # fp16 runs at 1/64 rate: the fp32 figure
     _g("Tesla P100", 16, 732, 19, 56), _g("Tesla T4", 16, 320, 65, 40),
     _g("Tesla V100", 16, 900, 125, 80), _g("Tesla V100 SXM", 16, 900, 125, 80),
@@ -210,6 +215,10 @@ CATALOG: tuple[DeviceSpec, ...] = (
     _s("Jetson Orin Nano 8GB", "edge", 8, 68, 10, 8),
     _s("Jetson Orin Nano Super 8GB", "edge", 8, 102, 16, 8),
     _s("Ascend 310P", "edge", 24, 204.8, 70, 8),
+    # the first Jetson Nano (Maxwell, 128 CUDA cores), not the Orin Nano
+    _s("Jetson Nano 4GB", "edge", 4, 25.6, 0.47, 1),
+    # Steam Deck: 4 Zen 2 cores and an 8-CU RDNA 2 GPU on 16 GB of LPDDR5 (88 GB/s)
+    _s("Steam Deck (Van Gogh APU)", "igpu", 16, 88, 3.2, 8),
     # Edge CPUs and common server/desktop CPUs (bandwidth = sustained-peak DRAM figure).
     _c("Raspberry Pi 5", 8, 17, 4, 19, 4), _c("Raspberry Pi 4", 8, 6, 4, 12, 4),
     _c("Orange Pi 5 (RK3588)", 16, 34, 8, 20, 4),
@@ -308,7 +317,12 @@ _ALIASES = {"h100": "H100 SXM", "h100 hbm3": "H100 SXM",
             "arc 140v": "Arc Graphics 130V/140V (integrated)",
             "arc 130v": "Arc Graphics 130V/140V (integrated)",
             "radeon 860m": "Radeon 840M / 860M Graphics",
-            "radeon 840m": "Radeon 840M / 860M Graphics"}
+            "radeon 840m": "Radeon 840M / 860M Graphics",
+            # boards on Rockchip's RK3588 (4x A76 + 4x A55, 64-bit LPDDR4X/5)
+            "orange pi 5": "Orange Pi 5 (RK3588)", "orange pi 5 plus": "Orange Pi 5 (RK3588)",
+            "orange pi 5 pro": "Orange Pi 5 (RK3588)", "orange pi 5 max": "Orange Pi 5 (RK3588)",
+            "rock 5b": "Orange Pi 5 (RK3588)", "radxa rock 5b": "Orange Pi 5 (RK3588)",
+            "rk3588": "Orange Pi 5 (RK3588)"}
 
 
 def _tokens(norm: str) -> list[str]:
@@ -357,6 +371,18 @@ def lookup(name: str) -> DeviceSpec | None:
     return _best_match(set(tokens), memory)
 
 
+# Words a vendor or a tool adds to a device's name that do not tell products apart.
+_GENERIC_WORDS = frozenset({"nvidia", "geforce", "amd", "radeon", "intel", "apple", "gpu", "cpu",
+                            "graphics", "integrated", "processor", "core", "with", "chip"})
+
+
+def _own_words(name: set[str], other: set[str]) -> set[str]:
+    """Words of `name` that `other` lacks and that tell products apart (not model numbers,
+    memory sizes or vendors' generic words)."""
+    return {t for t in name - other if not any(ch.isdigit() for ch in t)
+            and t not in _GENERIC_WORDS}
+
+
 def _best_match(want: set[str], memory: float | None = None) -> DeviceSpec | None:
     best, best_score = None, 0.0
     for spec, have in _CATALOG_TOKENS:
@@ -367,6 +393,10 @@ def _best_match(want: set[str], memory: float | None = None) -> DeviceSpec | Non
         # and both names must agree on the variant ("ti", "super", "laptop", ...).
         numeric = {t for t in have if _is_model_number(t)}
         if not numeric <= want or not common or (want & _VARIANTS) != (have & _VARIANTS):
+            continue
+        # two products that share a model number, each named by a word of its own ("Orange Pi
+        # 5" is not the "Raspberry Pi 5")
+        if _own_words(want, have) and _own_words(have, want):
             continue
         score = len(common) / len(have | want)
         if score > best_score:
