@@ -227,6 +227,26 @@ def test_mixtures_of_experts_by_name_are_not_read_as_dense(name: str, total: flo
     assert (m.params_b, m.active_params_b) == pytest.approx((total, active))
 
 
+@pytest.mark.parametrize("name,layers,hidden,kv,vocab,active", [
+    # popular models that had been estimated from their size (Qwen2.5-72B as 85 layers of 8384
+    # with a 128k vocabulary; Command R and Phi-3.5-MoE not at all)
+    ("Qwen2.5-72B-Instruct-Q4_K_M.gguf", 80, 8192, 8, 152064, 72.7),
+    ("QwQ-32B", 64, 5120, 8, 152064, 32.8),
+    ("DeepSeek-R1-Distill-Llama-70B", 80, 8192, 8, 128256, 70.6),
+    ("Llama-2-70b-chat", 80, 8192, 8, 32000, 69.0), ("CodeLlama-34b-Instruct", 48, 8192, 8, 32000, 33.7),
+    ("OLMo-2-1124-7B-Instruct", 32, 4096, 32, 100352, 7.3), ("Yi-1.5-6B-Chat", 32, 4096, 4, 64000, 6.06),
+    ("Qwen1.5-14B-Chat", 40, 5120, 40, 152064, 14.2), ("granite-3.3-8b-instruct", 40, 4096, 8, 49155, 8.17),
+    ("c4ai-command-r-08-2024", 40, 8192, 8, 256000, 32.3), ("c4ai-command-r-plus", 64, 12288, 8, 256000, 104.0),
+    ("Phi-3.5-MoE-instruct", 32, 4096, 8, 32064, 6.6),
+])
+def test_popular_models_take_their_published_shapes(name: str, layers: int, hidden: int, kv: int,
+                                                    vocab: int, active: float) -> None:
+    m = architectures.lookup(name)
+    assert m is not None and m.shape_known
+    assert (m.n_layers, m.hidden_size, m.n_kv_heads, m.vocab_size) == (layers, hidden, kv, vocab)
+    assert m.active_params_b == pytest.approx(active)
+
+
 def test_an_unknown_nxm_merge_gets_two_experts_active() -> None:
     total, active = architectures.parse_sizes("some-4x7B-merge")
     assert total == pytest.approx(22.4) and active == pytest.approx(22.4 * (0.035 + 0.965 / 2))
