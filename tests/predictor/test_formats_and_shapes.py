@@ -238,6 +238,11 @@ def test_mixtures_of_experts_by_name_are_not_read_as_dense(name: str, total: flo
     ("Qwen1.5-14B-Chat", 40, 5120, 40, 152064, 14.2), ("granite-3.3-8b-instruct", 40, 4096, 8, 49155, 8.17),
     ("c4ai-command-r-08-2024", 40, 8192, 8, 256000, 32.3), ("c4ai-command-r-plus", 64, 12288, 8, 256000, 104.0),
     ("Phi-3.5-MoE-instruct", 32, 4096, 8, 32064, 6.6),
+    # the first Gemma's 2B is not Gemma 2's (18 layers with one K/V head, not 26 with four)
+    ("gemma-2b-it", 18, 2048, 1, 256000, 2.51), ("gemma-1.1-7b-it", 28, 3072, 16, 256000, 8.54),
+    ("gemma-2-2b-it", 26, 2304, 4, 256000, 2.61),
+    ("Qwen2-72B-Instruct", 80, 8192, 8, 152064, 72.7), ("DeepSeek-R1-Distill-Qwen-32B", 64, 5120, 8, 152064, 32.8),
+    ("Mistral-Large-Instruct-2411-Q4_K_M.gguf", 88, 12288, 8, 32768, 123.0),
 ])
 def test_popular_models_take_their_published_shapes(name: str, layers: int, hidden: int, kv: int,
                                                     vocab: int, active: float) -> None:

@@ -225,6 +225,9 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("qwen3.5-35b-a3b", 35.0, 40, 2048, 16, 2, 248320, 512, active=3.0, head_dim=256,
        tied=False, attn=10, state=gated_deltanet_state(32),
        mixer="gated_deltanet"),  # 256 experts of 512, 8 a token
+    # the first Gemma (no window; the 2B with one K/V head)
+    _m("gemma-1-2b", 2.51, 18, 2048, 8, 1, 256000, 16384, head_dim=256, tied=True),
+    _m("gemma-1-7b", 8.54, 28, 3072, 16, 16, 256000, 24576, head_dim=256, tied=True),
     _m("gemma-2-2b", 2.61, 26, 2304, 8, 4, 256000, 9216, head_dim=256, tied=True, swa=(4096, 13)),
     _m("gemma-2-9b", 9.24, 42, 3584, 16, 8, 256000, 14336, head_dim=256, tied=True,
        swa=(4096, 21)),
@@ -278,6 +281,7 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("mistral-7b", 7.25, 32, 4096, 32, 8, 32768, 14336),
     _m("mistral-nemo", 12.2, 40, 5120, 32, 8, 131072, 14336, head_dim=128),
     _m("mistral-small-24b", 23.6, 40, 5120, 32, 8, 131072, 32768, head_dim=128),
+    _m("mistral-large-123b", 123.0, 88, 12288, 96, 8, 32768, 28672),
     _m("ministral-8b", 8.02, 36, 4096, 32, 8, 131072, 12288),
     _m("codestral-22b", 22.2, 56, 6144, 48, 8, 32768, 16384),
     # MLA as llama.cpp caches it (512 + 64 values a layer and token), as DeepSeek V3 below
@@ -358,6 +362,10 @@ _FAMILY_HINTS: list[tuple[str, str]] = [
     ("command-r-plus", "c4ai-command-r-plus"), ("command-r-08-2024", "c4ai-command-r-32b"),
     ("qwq-32b", "qwen2.5-32b"), ("distill-llama-70b", "llama-3.1-70b"),
     ("phi-3.5-moe", "phi-3.5-moe"), ("granite-3.2-8b", "granite-3.1-8b"),
+    ("distill-qwen-32b", "qwen2.5-32b"), ("mistral-large", "mistral-large-123b"),
+    # the first Gemma, whose "gemma-2b" is not Gemma 2's 2B
+    ("gemma-2b", "gemma-1-2b"), ("gemma-7b", "gemma-1-7b"), ("gemma-1.1-2b", "gemma-1-2b"),
+    ("gemma-1.1-7b", "gemma-1-7b"),
     ("granite-3.3-8b", "granite-3.1-8b"), ("zephyr-7b", "mistral-7b"),
     ("llama-2-7b", "llama-2-7b"), ("llama2-7b", "llama-2-7b"),
     ("distill-qwen-1.5b", "qwen2.5-1.5b"), ("distill-qwen-7b", "qwen2.5-7b"),
@@ -415,7 +423,8 @@ _PARALLEL_HYBRIDS = ("falcon-h1",)
 # i + j x 22 to stored layer i).
 _LOOPED_FAMILIES = (("nanbeige4.2", 2),)
 # Later versions that keep an earlier family's shapes at the same sizes (LFM2.5 = LFM2's).
-_SAME_SHAPES = {"lfm2.5": "lfm2"}
+# Qwen2 and Qwen2.5 share their shapes at every size both have (0.5B, 1.5B, 7B, 72B)
+_SAME_SHAPES = {"lfm2.5": "lfm2", "qwen2-": "qwen2.5-"}
 # Whole names (after clean_name) that name a table entry without its size.
 _EXACT_NAMES = {"deepseek-r1": "deepseek-v3", "deepseek-r1-0528": "deepseek-v3",
                 "deepseek-v3.1": "deepseek-v3", "deepseek-v3-0324": "deepseek-v3"}
