@@ -127,6 +127,15 @@ def test_an_unnamed_device_without_a_kind_says_it_is_taken_as_a_gpu(row) -> None
     assert not any("hardware.kind missing" in n for n in out["notes"])
 
 
+def test_ollama_is_predicted_as_llama_cpp_with_a_note(row) -> None:
+    plain = predict([copy.deepcopy(row)])[0]
+    row["engine"] = "ollama"
+    (out,) = predict([row])
+    assert out["decode_tok_s"] == plain["decode_tok_s"]
+    assert any(n.startswith("engine ollama taken as llama.cpp") for n in out["notes"])
+    assert not any("ollama" in n for n in plain["notes"])
+
+
 def test_other_unknown_keys_are_named_in_a_note_and_ignored(row) -> None:
     plain = predict([copy.deepcopy(row)])[0]
     row["hardware"]["colour"] = "green"

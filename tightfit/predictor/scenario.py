@@ -202,6 +202,13 @@ def parse_row(row: Any, files: bool = True) -> Scenario:
         _lite_supported(device, quant)
     workload = _workload(row.get("workload", {}))
     notes = hw_notes + model_notes
+    if str(row.get("engine")).strip().lower() == "ollama":
+        # the llmfit table's ollama rows, predicted as llama.cpp, read 0.14-3.9 of measured
+        # (median 1.00, 66 rows; docs/predictor.md): names without their experts, and runs on
+        # the CPU beside a GPU ollama does not drive
+        notes.append("engine ollama taken as llama.cpp, whose kernels it runs; its own defaults "
+                     "are not modelled (its context and GPU placement; on a GPU it does not "
+                     "support, e.g. an Intel iGPU, it runs on the CPU: describe the CPU then)")
     notes += _placement_check(engine, device, model, workload)
     widen = hw_widen * model_widen
     prof = profile(engine, device.device_class)
