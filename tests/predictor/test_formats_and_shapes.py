@@ -281,7 +281,7 @@ def test_apple_configurations_as_apple_names_them(name: str, cores: int, mem: fl
     ("qwen3:235b", "qwen3-235b-a22b"), ("deepseek-coder-v2:16b", "deepseek-coder-v2-lite"),
     ("deepseek-r1:14b", "qwen2.5-14b"), ("deepseek-r1:70b", "llama-3.3-70b"),
     ("gemma3n:e4b", "gemma-3n-e4b"), ("phi4:14b", "phi-4"), ("phi3:mini", "phi-3-mini"),
-    ("qwen3:32b", "qwen3-32b"),
+    ("qwen3:32b", "qwen3-32b"), ("qwen3.5:35b-mlx", "qwen3.5-35b-a3b"),
 ])
 def test_ollama_tags_take_the_table_shape(tag: str, table_key: str) -> None:
     """ollama's name:size tags: `deepseek-coder-v2:16b` is the 2.4B-active Lite MoE, not a

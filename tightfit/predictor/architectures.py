@@ -380,6 +380,7 @@ _FAMILY_HINTS: list[tuple[str, str]] = [
     ("llama4:scout", "llama-4-scout-17b-16e"), ("llama4:maverick", "llama-4-maverick-17b-128e"),
     ("qwen3-coder:30b", "qwen3-30b-a3b"), ("deepseek-coder-v2:16b", "deepseek-coder-v2-lite"),
     ("qwen3:30b", "qwen3-30b-a3b"), ("qwen3:235b", "qwen3-235b-a22b"),
+    ("qwen3.5:35b", "qwen3.5-35b-a3b"),
     ("deepseek-r1:1.5b", "qwen2.5-1.5b"), ("deepseek-r1:8b", "qwen3-8b"),
     ("deepseek-r1:14b", "qwen2.5-14b"), ("deepseek-r1:32b", "qwen2.5-32b"),
     ("deepseek-r1:70b", "llama-3.3-70b"), ("gemma3n:e4b", "gemma-3n-e4b"),
