@@ -217,6 +217,16 @@ def parse_row(row: Any, files: bool = True) -> Scenario:
                      " linear layers as stored, embedding and head in the compute dtype; its"
                      " speed with them is not measured here and is taken as with float weights")
         widen *= 1.5
+    elif engine == "hf-transformers" and quant in ("f16", "fp16", "bf16") \
+            and device.device_class == "cpu":
+        # one 0.55B checkpoint on the EPYC VM at two threads (2026-12-07, docs/predictor.md
+        # "HF's half-float checkpoints"): bf16 decode 0.84-0.94 of measured, prefill 0.50-0.60;
+        # fp16 decode 26 tok/s (2.3x bf16's), prefill 33 tok/s (0.1x bf16's)
+        notes.append(f"hf-transformers with {quant} weights on a CPU: torch's half-float "
+                     "products there depend on the CPU's instructions (measured on one CPU: bf16 "
+                     "prompts ~2.5x its fp32 ones, fp16 prompts ~10x slower than bf16); the band "
+                     "is widened")
+        widen *= 1.5
     notes += _kv_notes(model, prof.kv_window_extra, workload.context_tokens,
                        prof.decode_reads_window)
     if embed_bits is not None and not isinstance(file, gguf_header.GGUFModel):
