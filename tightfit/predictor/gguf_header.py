@@ -57,6 +57,11 @@ def _ints(value: Any) -> list[int]:
     return [int(value)]
 
 
+def _first(value: Any, default: int) -> int:
+    """A header value's first integer (a per-layer list's first layer), or `default`."""
+    return (_ints(value) or [default])[0]
+
+
 def _quant_name(file_type: Any) -> str | None:
     """`general.file_type` (llama.cpp's llama_ftype) as formats spells the preset."""
     import gguf
@@ -117,24 +122,24 @@ def read(path: str | Path) -> GGUFModel:
     interval = _ints(key("full_attention_interval"))
     if not attn_layers and interval and interval[0] > 1:
         attn_layers = n_layers // interval[0]
-    head_dim = (_ints(key("attention.key_length")) or [width // max(heads)])[0]
+    head_dim = _first(key("attention.key_length"), width // max(heads))
     window, swa = _window(key, n_layers)
     full_kv = None
-    swa_dim = (_ints(key("attention.key_length_swa")) or [0])[0]
+    swa_dim = _first(key("attention.key_length_swa"), 0)
     if sum(swa) and swa_dim > 0:  # window layers with K/V heads of their own (Gemma 4)
         per_layer = kv_per_layer if len(kv_per_layer) == n_layers else kv_per_layer[:1] * n_layers
         kv_swa = max(h for h, w in zip(per_layer, swa) if w) or kv_heads
         kv_full = max((h for h, w in zip(per_layer, swa) if not w), default=kv_swa) or kv_swa
         full_kv = kv_full * head_dim / (kv_swa * swa_dim)
         kv_heads, head_dim = kv_swa, swa_dim
-    mla = (_ints(key("attention.kv_lora_rank")) or [0])[0]
+    mla = _first(key("attention.kv_lora_rank"), 0)
     if mla > 0:  # MLA as llama.cpp caches it: the latent + the rope part, V a view of K
-        rope = (_ints(key("rope.dimension_count")) or [64])[0]
+        rope = _first(key("rope.dimension_count"), 64)
         kv_heads, head_dim = 1, (mla + rope) // 2
-    n_expert = (_ints(key("expert_count")) or [0])[0]
-    used = (_ints(key("expert_used_count")) or [0])[0]
+    n_expert = _first(key("expert_count"), 0)
+    used = _first(key("expert_used_count"), 0)
     ffn = [f for f in _ints(key("feed_forward_length")) if f > 0]
-    expert_ffn = (_ints(key("expert_feed_forward_length")) or [0])[0]
+    expert_ffn = _first(key("expert_feed_forward_length"), 0)
     inter = expert_ffn if n_expert > 1 and expert_ffn > 0 else (max(ffn) if ffn else 4 * width)
     active = total - (experts * (1 - used / n_expert) if n_expert > 1 and used > 0 else 0)
     vocab = shapes[_TOKEN_EMBD][0] if len(shapes[_TOKEN_EMBD]) > 1 else 0
@@ -154,7 +159,7 @@ def read(path: str | Path) -> GGUFModel:
         intermediate_size=inter, head_dim=head_dim, tied_embeddings=_OUTPUT not in shapes,
         expert_params_b=experts / 1e9 if experts else None,
         per_layer_embed_params_b=elems.get(_PER_LAYER, 0) / 1e9, fused_qkv=fused_qkv,
-        kv_shared_layers=(_ints(key("attention.shared_kv_layers")) or [0])[0])
+        kv_shared_layers=_first(key("attention.shared_kv_layers"), 0))
     if table is not None:  # the family's traits; the numbers are the file's
         spec = with_traits(spec, table, attn_layers)
     else:
@@ -188,14 +193,14 @@ def with_traits(spec: architectures.ModelSpec, table: architectures.ModelSpec,
 def _window(key: Any, n_layers: int) -> tuple[int, list[bool]]:
     """The header's window and which layers use it: a per-layer list
     (`attention.sliding_window_pattern`, Gemma 4's), or every Nth layer full; none without."""
-    window = (_ints(key("attention.sliding_window")) or [0])[0]
+    window = _first(key("attention.sliding_window"), 0)
     pattern = key("attention.sliding_window_pattern")
     if window <= 0 or pattern is None:
         return window, [False] * n_layers
     if isinstance(pattern, (list, tuple)):
         flags = [bool(v) for v in pattern][:n_layers]
         return window, flags + [False] * (n_layers - len(flags))
-    every = _ints(pattern)[0] if _ints(pattern) else 0
+    every = _first(pattern, 0)
     return window, [every > 1 and (i + 1) % every != 0 for i in range(n_layers)]
 
 
@@ -208,11 +213,11 @@ def _hybrid_from_arch(spec: architectures.ModelSpec, arch: str, attn_layers: int
     mixer = _ARCH_MIXER.get(arch, "")
     if mixer and mixer != architectures.PARALLEL_HYBRID and not 0 < attn_layers < spec.n_layers:
         mixer = ""  # no way to tell which layers attend: taken as all
-    d_state = (_ints(key("ssm.state_size")) or [0])[0]
-    inner = (_ints(key("ssm.inner_size")) or [0])[0]
-    groups = (_ints(key("ssm.group_count")) or [1])[0] or 1
-    conv = (_ints(key("ssm.conv_kernel")) or [4])[0] or 4
-    heads = (_ints(key("ssm.time_step_rank")) or [0])[0]
+    d_state = _first(key("ssm.state_size"), 0)
+    inner = _first(key("ssm.inner_size"), 0)
+    groups = _first(key("ssm.group_count"), 1) or 1
+    conv = _first(key("ssm.conv_kernel"), 4) or 4
+    heads = _first(key("ssm.time_step_rank"), 0)
     state = 0.0
     if mixer == "gated_deltanet" and d_state and inner and heads:
         state = architectures.gated_deltanet_state(heads, groups, d_state, inner // heads, conv)
