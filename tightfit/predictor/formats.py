@@ -50,7 +50,8 @@ KV_BYTES: dict[str, float] = {
 # Float weight formats: an engine multiplies them in a float GEMV / GEMM (torch, BLAS) or, in
 # ggml-style engines, in its own float SIMD loops; every other format goes through block or
 # integer dot-product kernels.
-FLOAT_WEIGHTS = ("f32", "fp32", "f16", "fp16", "bf16")
+HALF_FLOATS = ("f16", "fp16", "bf16")
+FLOAT_WEIGHTS = ("f32", "fp32") + HALF_FLOATS
 _ALIASES = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
 _GGUF_IN_NAME = re.compile(
     r"(?:^|[-_.:])((?:UD-)?(?:I?Q\d(?:_[0-9A-Z]+)*|F16|BF16|F32|MXFP4|NVFP4|MXFP8))(?=$|[-_.])",

@@ -79,14 +79,11 @@ class MemoryEstimate:
     peak_low_bytes: float = 0.0
 
 
-HALF_FLOATS = ("f16", "fp16", "bf16")
-
-
 def compute_dtype_bytes(s: Scenario) -> float:
     """Bytes of a float weight as the engine computes with it: fp32 on a CPU (tightfit's float
     path, HF reading a GGUF file), fp16 elsewhere, and a half-float checkpoint in HF as stored
     (transformers' default dtype "auto" keeps a bf16 checkpoint bf16, on a CPU too)."""
-    if s.engine == "hf-transformers" and s.quant in HALF_FLOATS:
+    if s.engine == "hf-transformers" and s.quant in formats.HALF_FLOATS:
         return 2.0
     if s.quant in ("fp32", "f32") or s.device.device_class == "cpu":
         return 4.0
@@ -212,7 +209,7 @@ def hf_converts_on_load(s: Scenario, prof: EngineProfile) -> bool:
     `from_pretrained`, 1,098 MiB of weights mapped), nor on a discrete GPU, where the conversion
     is in host RAM and the card gets the finished tensors."""
     return (prof.dequantises and not keeps_quantised(prof, s.quant)
-            and s.quant not in HALF_FLOATS and s.device.device_class != "discrete_gpu")
+            and s.quant not in formats.HALF_FLOATS and s.device.device_class != "discrete_gpu")
 
 
 def load_reuse_bytes(s: Scenario, prof: EngineProfile) -> float:

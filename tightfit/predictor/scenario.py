@@ -217,7 +217,7 @@ def parse_row(row: Any, files: bool = True) -> Scenario:
                      " linear layers as stored, embedding and head in the compute dtype; its"
                      " speed with them is not measured here and is taken as with float weights")
         widen *= 1.5
-    elif engine == "hf-transformers" and quant in ("f16", "fp16", "bf16") \
+    elif engine == "hf-transformers" and quant in formats.HALF_FLOATS \
             and device.device_class == "cpu":
         # one 0.55B checkpoint on the EPYC VM at two threads (2026-12-07, docs/predictor.md
         # "HF's half-float checkpoints"): bf16 decode 0.84-0.94 of measured, prefill 0.50-0.60;
