@@ -411,15 +411,16 @@ def _whole(section: dict[str, Any], key: str, path: str, lo: float, hi: float) -
 
 def _device(hw: dict[str, Any]) -> tuple[DeviceSpec, float, list[str]]:
     name = str(hw.get("name") or "").strip()
-    base, widen, notes = _base_device(name, hw)
+    # lower bounds: a microcontroller's (10 MB of memory, 50 MB/s, 0.1 GFLOP/s); below them a
+    # value is a unit slip, and the arithmetic leaves float range
+    bw = _number(hw, "memory_bandwidth_gbps", "hardware", 0.05, 50000)
+    base, widen, notes = _base_device(name, hw, bw)
     kind = hw.get("kind")
     if kind is not None and str(kind).lower() not in _KIND_ALIASES:
         raise RowError("hardware.kind", f"{kind!r} is not one of gpu, cpu, apple, igpu, edge")
     fields = {
-        # lower bounds: a microcontroller's (10 MB of memory, 50 MB/s, 0.1 GFLOP/s); below
-        # them a value is a unit slip, and the arithmetic leaves float range
         "memory_gb": _number(hw, "memory_gb", "hardware", 0.01, 4096),
-        "bandwidth_gbps": _number(hw, "memory_bandwidth_gbps", "hardware", 0.05, 50000),
+        "bandwidth_gbps": bw,
         "fp16_tflops": _number(hw, "fp16_tflops", "hardware", 1e-4, 100000),
         "host_memory_gb": _number(hw, "host_memory_gb", "hardware", 0.01, 65536),
         "host_bandwidth_gbps": _number(hw, "host_bandwidth_gbps", "hardware", 0.05, 50000),
@@ -453,7 +454,10 @@ def _device(hw: dict[str, Any]) -> tuple[DeviceSpec, float, list[str]]:
     return spec, widen, notes
 
 
-def _base_device(name: str, hw: dict[str, Any]) -> tuple[DeviceSpec, float, list[str]]:
+def _base_device(name: str, hw: dict[str, Any],
+                 bw: float | None) -> tuple[DeviceSpec, float, list[str]]:
+    """The catalog's entry (or the local profile) for `name`, else a guess from `bw`, the
+    row's validated bandwidth."""
     if name.lower() in LOCAL_NAMES:
         return _local_profile(), 1.0, ["hardware from the local device profile"]
     found = hardware.lookup(name) if name else None
@@ -463,7 +467,6 @@ def _base_device(name: str, hw: dict[str, Any]) -> tuple[DeviceSpec, float, list
         if not exact and hardware.memory_in_name(name) is not None:
             note[0] += f" with the {found.memory_gb:g} GiB in its name"
         return found, 1.0, note
-    bw = _number(hw, "memory_bandwidth_gbps", "hardware", 0.05, 50000)
     if bw is None:
         label = f"hardware.name {name!r} is not in the catalog" if name else "hardware.name missing"
         near = hardware.closest_names(name) if name else []
