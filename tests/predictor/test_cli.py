@@ -75,18 +75,20 @@ def test_check_gives_the_predictions_own_reason_for_an_undecided_fit() -> None:
     band = ("the GPU part (7.81 GiB) is over the card's 7.70 GiB by less than the memory "
             "estimate's error (5%): whether llama.cpp loads it is undecided (fits null); "
             "gpu_layers 40 keeps it under")
-    pred = {"id": "a", "fits": None, "peak_memory_gb": 9.0, "notes": ["other", band],
-            "ttft_s": 0.1, "tpot_s": 0.01}
+    pred = {"id": "a", "fits": None, "fits_reason": band, "peak_memory_gb": 9.0,
+            "notes": ["other", band], "ttft_s": 0.1, "tpot_s": 0.01}
     (reason,) = verdict(pred, None, None, False)
-    assert reason.endswith(band) and "undecided" in reason
-    (reason,) = verdict(dict(pred, notes=[]), None, None, False)
-    assert "hardware.host_memory_gb" in reason
+    assert reason.endswith(band) and reason.startswith("fit undecided")
 
 
-def test_check_fails_on_does_not_fit(tmp_path, row) -> None:
+def test_check_fails_on_does_not_fit_and_says_what_would(tmp_path, row, capsys) -> None:
     row["quant"] = "F16"
+    row["hardware"]["host_memory_gb"] = 8
     path = _write(tmp_path, [row])
     assert main(["check", "--input", path, "--ttft-slo", "100", "--tpot-slo", "100"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL x1: does not fit" in out and "of the host's 8 GB RAM" in out
+    assert "it needs" in out and "fits (quant)" in out
 
 
 def test_calibrate_then_predict_local(tmp_path, row, capsys) -> None:

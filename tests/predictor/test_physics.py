@@ -626,6 +626,60 @@ def test_offloaded_row_says_what_is_on_the_host_and_which_field_decides_fits(row
     assert any("streams them over the host link every step" in n for n in out["notes"])
 
 
+def test_a_deployment_that_does_not_fit_says_why_and_what_would(row) -> None:
+    """`fits_reason`: the memory needed against the memory there is, then what fits instead,
+    each checked against the estimate it names (a context, a format, a batch); null where the
+    deployment fits."""
+    from tightfit.predictor import predict
+
+    def est(**change):
+        r = {**row, **{k: v for k, v in change.items() if k != "workload"}}
+        r["workload"] = {**row["workload"], **change.get("workload", {})}
+        s = parse_row(r)
+        return memory.estimate(s, engines.for_scenario(s))
+
+    row["hardware"] = {"name": "Raspberry Pi 5"}
+    row["model"] = {"name": "Llama-3.1-8B"}
+    row["quant"] = "Q8_0"
+    row["workload"] = {"prompt_tokens": 512, "gen_tokens": 128, "context_tokens": 131072}
+    out = predict([row])[0]
+    assert out["fits"] is False and out["fits_reason"] in out["notes"]
+    why = out["fits_reason"]
+    assert why.startswith(f"does not fit: its serving peak of {out['peak_memory_gb']:.2f} GiB is "
+                          "more than the 7.20 GiB of Raspberry Pi 5's 8 GB")
+    # Q8_0 itself fits at no context; the first lighter preset that fits at a shorter one
+    assert est(workload={"context_tokens": 1024}).fits is False
+    import re
+    q, ctx = re.search(r"at (Q\w+) a context of up to (\d+) tokens fits", why).groups()
+    assert est(quant=q, workload={"context_tokens": int(ctx)}).fits is True
+    assert est(quant=q, workload={"context_tokens": int(ctx) + 512}).fits is False
+    assert est(quant="Q8_0" if q != "Q8_0" else "Q6_K", workload={"context_tokens": int(ctx)}).fits is False \
+        or q == "Q8_0"
+    # a format that fits at the context asked for is named with its need
+    row["workload"]["context_tokens"] = 2048
+    row["quant"] = "F16"
+    row["hardware"] = {"name": "Apple M2"}
+    why = predict([row])[0]["fits_reason"]
+    q, need = re.search(r"at (Q\w+) it needs ([\d.]+) GiB and fits", why).groups()
+    assert q == "Q6_K" and est(quant="Q6_K").fits is True and est(quant="Q8_0").fits is False
+    assert float(need) == pytest.approx(est(quant="Q6_K").peak_bytes / memory.GB, abs=0.05)
+    # nothing fits: said so; a deployment that fits has no reason
+    row["model"] = {"name": "Llama-3.1-70B"}
+    why = predict([row])[0]["fits_reason"]
+    assert why.endswith("neither a shorter context nor a format down to Q2_K fits: a smaller "
+                        "model, or a device with more memory")
+    row["model"], row["quant"] = {"name": "SmolLM2-135M"}, "Q8_0"
+    out = predict([row])[0]
+    assert out["fits"] is True and out["fits_reason"] is None
+    # an offload over the host's RAM
+    row["hardware"] = {"name": "RTX 3060", "host_memory_gb": 16}
+    row["model"], row["quant"] = {"name": "Llama-3.1-70B"}, "Q4_K_M"
+    out = predict([row])[0]
+    assert out["fits"] is False
+    assert re.search(r"does not fit: [\d.]+ GiB on the host .* is more than the 14.4 GiB usable "
+                     r"of the host's 16 GB RAM", out["fits_reason"])
+
+
 def test_tightfit_cpu_decode_reads_the_window_its_cache_does_not_drop(row) -> None:
     """tightfit's paged cache keeps every position, but its fused CPU decode attention starts a
     sliding-window layer's row at len - window (engine/kernels/decode.cpp): Gemma 3 270M at a

@@ -141,13 +141,18 @@ def test_predict(server: Any, wrap: bool) -> None:
     from tightfit.engine.loader.resolve import resolve_model
     rows.append({"id": "file", "hardware": {"name": "RTX 3070"}, "engine": "llama.cpp",
                  "model": {"path": str(resolve_model("gemma3"))}})
+    # a deployment that does not fit says why and what would
+    rows.append({**rows[1], "id": "big", "hardware": {"name": "Raspberry Pi 5"}, "quant": "F16"})
     with server.http() as http:
         r = http.post("/v1/predict", json={"scenarios": rows} if wrap else rows)
     assert r.status_code == 200, r.text
     data = r.json()["data"]
-    assert [d["id"] for d in data] == ["bad", "ok", "file"]
+    assert [d["id"] for d in data] == ["bad", "ok", "file", "big"]
     assert "error" in data[0] and "error" not in data[1] and data[1]["decode_tok_s"] > 0
+    assert data[1]["fits"] is True and data[1]["fits_reason"] is None
     assert data[2]["error"]["field"] == "model.path"
+    assert data[3]["fits"] is False and "Raspberry Pi 5" in data[3]["fits_reason"]
+    assert "fits (quant)" in data[3]["fits_reason"]
 
 
 def test_openapi_schema_lists_the_endpoints(server: Any) -> None:

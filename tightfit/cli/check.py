@@ -29,14 +29,12 @@ def verdict(pred: dict[str, Any], ttft: float | None, tpot: float | None, upper:
     if "error" in pred:
         return [f"invalid scenario: {pred['error']['message']}"]
     reasons = []
+    # the prediction's own reason (predictor.fit): what is over what, and what would fit
+    why = pred.get("fits_reason") or f"peak {pred['peak_memory_gb']} GiB"
     if pred.get("fits") is False:
-        reasons.append(f"does not fit: needs {pred['peak_memory_gb']} GiB")
+        reasons.append(why if why.startswith("does not fit") else f"does not fit: {why}")
     elif pred.get("fits") is None:
-        # the prediction's own note says why it is undecided (host RAM unknown, or a set
-        # placement within the memory estimate's error of the card)
-        why = next((n for n in pred.get("notes", []) if "fits null" in n or "fits is null" in n),
-                   "give hardware.host_memory_gb to judge offload")
-        reasons.append(f"fit undecided ({pred['peak_memory_gb']} GiB): {why}")
+        reasons.append(f"fit undecided: {why}")
     for name, slo in (("ttft_s", ttft), ("tpot_s", tpot)):
         if slo is None:
             continue

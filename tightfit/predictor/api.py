@@ -18,7 +18,8 @@ def _round(x: float | None, digits: int = 4) -> float | None:
 
 def to_json(p: core.Prediction, s: Scenario) -> dict[str, Any]:
     return {
-        "id": p.id, "fits": p.fits, "fits_on_device": p.fits_on_device,
+        "id": p.id, "fits": p.fits, "fits_reason": p.fits_reason,
+        "fits_on_device": p.fits_on_device,
         "peak_memory_gb": _round(p.peak_memory_gb), "offload_fraction": _round(p.offload_fraction, 3),
         "prefill_tok_s": _round(p.prefill_tok_s), "decode_tok_s": _round(p.decode_tok_s),
         "ttft_s": _round(p.ttft_s), "tpot_s": _round(p.tpot_s),

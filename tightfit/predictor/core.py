@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from tightfit.predictor import attribution, engines, features, memory, roofline
+from tightfit.predictor import attribution, engines, features, fit, memory, roofline
 from tightfit.predictor.memory import GB
 from tightfit.predictor.engines import EngineProfile
 from tightfit.predictor.models import PredictorModel, ResidualModel
@@ -38,6 +38,7 @@ class Prediction:
     interval: dict[str, tuple[float, float]]
     notes: tuple[str, ...]
     memory: dict[str, float | str] = field(default_factory=dict)  # the peak's parts, GiB
+    fits_reason: str | None = None  # why `fits` is false or null (fit.reason), and what would fit
 
 
 def request_tok_s(p: Prediction, s: Scenario) -> float:
@@ -121,14 +122,15 @@ def predict_scenario(s: Scenario, model: PredictorModel,
     ttft = t_pre + b.request_overhead_s + (t_step if w.prompt_tokens == 0 else 0.0)
     prefill = w.batch * w.prompt_tokens / t_pre if t_pre > 0 else None
     factors = attribution.factors(s, b, t_step, t_pre, observed or {})
+    why = fit.reason(s, b.memory, engines.for_scenario(s))
     return Prediction(
         id=s.id, fits=b.memory.fits, fits_on_device=b.memory.fits_on_device,
         peak_memory_gb=b.memory.peak_bytes / GB, offload_fraction=1 - b.memory.device_fraction,
         prefill_tok_s=prefill, decode_tok_s=w.batch / t_step, ttft_s=ttft, tpot_s=t_step,
         bottleneck=attribution.bottleneck(b.decode), factors=factors,
         interval=_intervals(s, model, b, t_step, t_pre, ttft),
-        notes=s.notes + _placement_notes(s, b) + _peak_notes(b),
-        memory=_memory_parts(b),
+        notes=s.notes + _placement_notes(s, b) + ((why,) if why else ()) + _peak_notes(b),
+        memory=_memory_parts(b), fits_reason=why,
     )
 
 
@@ -145,8 +147,8 @@ def _peak_notes(b: Breakdown) -> tuple[str, ...]:
 
 def _placement_notes(s: Scenario, b: Breakdown) -> tuple[str, ...]:
     """Where layers leave a GPU: how much goes to the host and what the engine does with it,
-    the largest context that would keep every layer on the GPU (where the context asked for is
-    what pushes them off), and, where `fits` is undecided, the field that decides it."""
+    and the largest context that would keep every layer on the GPU (where the context asked for
+    is what pushes them off). Whether it all fits is `fit.reason`'s."""
     m = b.memory
     if m.host_layer_share is not None:
         return _set_placement_notes(s, m)
@@ -163,17 +165,13 @@ def _placement_notes(s: Scenario, b: Breakdown) -> tuple[str, ...]:
              f"({m.host_bytes / GB:.1f} GiB) on the host at a {s.workload.context_tokens}-token "
              f"context ({s.engine} {where})")
     ctx = memory.max_context_on_device(s, prof)
-    notes = [f"{share}; a context of up to {ctx} tokens keeps every layer on the GPU"
-             if ctx is not None else f"{share}; no context keeps every layer on the GPU"]
-    if m.fits is None:
-        notes.append(f"fits is null: whether the {m.host_bytes / GB:.1f} GiB on the host fit "
-                     "in its RAM is unknown; give hardware.host_memory_gb to decide")
-    return tuple(notes)
+    return (f"{share}; a context of up to {ctx} tokens keeps every layer on the GPU"
+            if ctx is not None else f"{share}; no context keeps every layer on the GPU",)
 
 
 def _set_placement_notes(s: Scenario, m: memory.MemoryEstimate) -> tuple[str, ...]:
-    """What a placement the row set (-ngl / --n-cpu-moe) puts where, and whether the GPU part
-    fits the card."""
+    """What a placement the row set (-ngl / --n-cpu-moe) puts where (whether the GPU part fits
+    the card is `fit.reason`'s)."""
     w, layers = s.workload, s.model.n_layers
     on_gpu = round((1 - m.host_layer_share) * layers)
     parts = [f"{on_gpu} of {layers} layers on the GPU"
@@ -181,26 +179,9 @@ def _set_placement_notes(s: Scenario, m: memory.MemoryEstimate) -> tuple[str, ..
     if m.host_expert_bytes > 0:
         parts.append(f"the routed experts of {w.n_cpu_moe} layers in host RAM "
                      f"({m.host_expert_bytes / GB:.1f} GiB)")
-    notes = [f"llama.cpp placement as set (gpu_layers / n_cpu_moe): {'; '.join(parts)}; "
-             f"{m.gpu_bytes / GB:.1f} GiB on the GPU with its buffers and context, "
-             f"{m.host_bytes / GB:.1f} GiB of weights and K/V on the host"]
-    if m.gpu_bytes > m.capacity_bytes:
-        most = memory.max_gpu_layers(s, engines.for_scenario(s))
-        fix = (f"gpu_layers {most} keeps it under" if most else
-               "no gpu_layers keeps it under (raise n_cpu_moe, or leave both out)")
-        if m.fits is None:
-            notes.append(f"the GPU part ({m.gpu_bytes / GB:.2f} GiB) is over the card's "
-                         f"{m.capacity_bytes / GB:.2f} GiB by less than the memory estimate's "
-                         f"error ({100 * memory.SET_PLACEMENT_BAND:.0f}%): whether llama.cpp "
-                         f"loads it is undecided (fits null); {fix}")
-        else:
-            notes.append(f"the GPU part ({m.gpu_bytes / GB:.1f} GiB) is more than the card's "
-                         f"{m.capacity_bytes / GB:.1f} GiB: llama.cpp would fail to load it; "
-                         f"{fix}, or leave workload.gpu_layers out to place layers as --fit does")
-    elif m.fits is None:
-        notes.append(f"fits is null: whether the {m.host_bytes / GB:.1f} GiB on the host fit "
-                     "in its RAM is unknown; give hardware.host_memory_gb to decide")
-    return tuple(notes)
+    return (f"llama.cpp placement as set (gpu_layers / n_cpu_moe): {'; '.join(parts)}; "
+            f"{m.gpu_bytes / GB:.1f} GiB on the GPU with its buffers and context, "
+            f"{m.host_bytes / GB:.1f} GiB of weights and K/V on the host",)
 
 
 def _memory_parts(b: Breakdown) -> dict[str, float | str]:

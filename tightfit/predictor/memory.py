@@ -15,10 +15,11 @@ with the vocabulary. Constants come from this project's measurements on CPU (doc
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from tightfit.predictor import formats
 from tightfit.predictor.architectures import ModelSpec
-from tightfit.predictor.engines import EngineProfile, keeps_quantised
+from tightfit.predictor.engines import EngineProfile, for_scenario, keeps_quantised
 from tightfit.predictor.scenario import Scenario
 
 MB = 2.0 ** 20
@@ -77,6 +78,10 @@ class MemoryEstimate:
     # the lowest peak a run of this deployment is seen to reach, where it varies from run to run
     # (HF's GGUF load: load_reuse_bytes); equal to peak_bytes elsewhere (0: not set)
     peak_low_bytes: float = 0.0
+    # what an offloading deployment needs in host RAM (the layers off the GPU, a set placement's
+    # token embedding, the process), which `fits` weighs against `hardware.host_memory_gb`; 0
+    # where nothing is offloaded
+    host_need_bytes: float = 0.0
 
 
 def compute_dtype_bytes(s: Scenario) -> float:
@@ -484,11 +489,12 @@ def estimate(s: Scenario, prof: EngineProfile) -> MemoryEstimate:
         experts, _ = routed_experts(s) if first else (0.0, 0.0)
         if experts and host <= weights * experts / (s.model.params_b * 1e9):
             host_experts = host  # experts first; past all of them, whole layers as for a dense model
-    fits = _fits(s, fits_dev, gpu, host, prof, peak)
+    need = host + prof.host_runtime_mb * MB if gpu and not fits_dev else 0.0
+    fits = _fits(s, fits_dev, gpu, need, peak)
     low = max(load_peak - load_reuse_bytes(s, prof), serving_peak)
     return MemoryEstimate(weights, kv, buffers, runtime, peak, capacity, frac, host, fits_dev, fits,
                           transient, "load" if load_peak > serving_peak else "serving", state,
-                          host_experts, peak_low_bytes=low)
+                          host_experts, peak_low_bytes=low, host_need_bytes=need)
 
 
 def _set_placement(s: Scenario, prof: EngineProfile, weights: float, kv: float, state: float,
@@ -526,13 +532,14 @@ def _set_placement(s: Scenario, prof: EngineProfile, weights: float, kv: float, 
     frac = on_device / total if total > 0 else 1.0
     gpu_part = on_device + buffers + runtime
     fits_dev = host <= 0 and gpu_part <= capacity
+    need = host + token + prof.host_runtime_mb * MB
     if gpu_part <= capacity:
-        fits = _fits(s, fits_dev, True, host + token, prof, peak)
+        fits = _fits(s, fits_dev, True, need, peak)
     else:  # over the card; by less than the estimate's error, undecided
         fits = None if gpu_part <= capacity * (1 + SET_PLACEMENT_BAND) else False
     return MemoryEstimate(weights, kv, buffers, runtime, peak, capacity, frac, host, fits_dev,
                           fits, transient, "load" if load else "serving", state, host_experts,
-                          share, not head_on, gpu_part)
+                          share, not head_on, gpu_part, host_need_bytes=need)
 
 
 def max_gpu_layers(s: Scenario, prof: EngineProfile) -> int:
@@ -548,12 +555,20 @@ def max_gpu_layers(s: Scenario, prof: EngineProfile) -> int:
 def max_context_on_device(s: Scenario, prof: EngineProfile) -> int | None:
     """The largest context (a multiple of 256, llama.cpp's rounding) below the scenario's at
     which everything stays on the device; None where even the request's own tokens do not fit."""
+    return largest_context(s, lambda m: m.fits_on_device, prof)
+
+
+def largest_context(s: Scenario, ok: Callable[[MemoryEstimate], bool],
+                    prof: EngineProfile | None = None) -> int | None:
+    """The largest context below the scenario's (a multiple of 256 where it can be) whose memory
+    estimate is `ok`; None where even the request's own tokens are not."""
     w = s.workload
+    prof = prof or for_scenario(s)
 
     def fits(ctx: int) -> bool:
-        return estimate(replace(s, workload=replace(w, context_tokens=ctx)), prof).fits_on_device
+        return ok(estimate(replace(s, workload=replace(w, context_tokens=ctx)), prof))
     lo = w.prompt_tokens + w.gen_tokens
-    if not fits(lo):
+    if lo >= w.context_tokens or not fits(lo):
         return None
     hi = w.context_tokens  # does not fit (the caller's case)
     while hi - lo > 1:
@@ -562,14 +577,24 @@ def max_context_on_device(s: Scenario, prof: EngineProfile) -> int | None:
     return max(lo - lo % 256, w.prompt_tokens + w.gen_tokens)
 
 
-def _fits(s: Scenario, fits_dev: bool, gpu: bool, host: float, prof: EngineProfile,
-          peak: float) -> bool | None:
+def host_capacity_bytes(s: Scenario) -> float | None:
+    """Host RAM an offloading deployment can use (`hardware.host_memory_gb`); None: unknown."""
+    if s.device.host_memory_gb is None:
+        return None
+    return s.device.host_memory_gb * GB * _USABLE["cpu"]
+
+
+def device_capacity_bytes(s: Scenario) -> float:
+    """Memory a deployment on a CPU or a unified-memory chip can use: past a soft cap (Apple's
+    recommended working set), the hard one."""
+    share = _HARD_USABLE.get(s.device.device_class, _USABLE[s.device.device_class])
+    return s.device.memory_gb * GB * s.device.device_count * share
+
+
+def _fits(s: Scenario, fits_dev: bool, gpu: bool, host_need: float, peak: float) -> bool | None:
     if fits_dev:
         return True
     if not gpu:  # past a soft cap (Apple's working set), the hard one still holds
-        hard = _HARD_USABLE.get(s.device.device_class)
-        return hard is not None and peak <= s.device.memory_gb * GB * s.device.device_count * hard
-    if s.device.host_memory_gb is None:
-        return None
-    host_need = host + prof.host_runtime_mb * MB
-    return host_need <= s.device.host_memory_gb * GB * _USABLE["cpu"]
+        return s.device.device_class in _HARD_USABLE and peak <= device_capacity_bytes(s)
+    host = host_capacity_bytes(s)
+    return None if host is None else host_need <= host

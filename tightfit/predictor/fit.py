@@ -1,0 +1,143 @@
+"""Why a deployment does not fit, or whether it does is undecided, and what would fit: the
+`fits_reason` of a prediction (also among its notes).
+
+`fits` false names the memory needed against the memory there is, then what changes it: the
+largest context that fits at the format asked for; the first lighter format of the engine that
+fits at the context asked for (the same model, another file or setting), or else at a shorter
+one; else the largest batch that fits.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from tightfit.predictor import memory
+from tightfit.predictor.engines import EngineProfile, for_scenario
+from tightfit.predictor.memory import GB, MemoryEstimate
+from tightfit.predictor.scenario import Scenario, stored_bits
+
+# Lighter formats tried for a deployment that does not fit, heaviest first, by engine: what the
+# engine runs (llama.cpp's common presets; the lite runtime's blocks; tightfit's own integer
+# formats; HF's half floats and bitsandbytes).
+LIGHTER = {
+    "llama.cpp": ("q8_0", "q6_k", "q5_k_m", "q4_k_m", "q3_k_m", "q2_k"),
+    "tightfit-lite": ("q8_0", "q4_1", "q4_0"),
+    "tightfit": ("int8", "int4-g128"),
+    "hf-transformers": ("bf16", "8bit", "nf4"),
+}
+
+
+def reason(s: Scenario, m: MemoryEstimate, prof: EngineProfile) -> str | None:
+    """None where the deployment fits; else why not (`fits` false) or why it is undecided
+    (`fits` null), with the field or the change that decides it."""
+    if m.fits:
+        return None
+    named_fix = False
+    if m.host_layer_share is not None:
+        text, named_fix = _set_placement(s, m, prof)
+    elif s.device.device_class == "discrete_gpu":
+        text = _host(s, m, f"what the card's {m.capacity_bytes / GB:.1f} GiB does not hold, "
+                           "and the process")
+    else:
+        text = _device(s, m)
+    if m.fits is None:
+        return text
+    return "; ".join([text, *_what_fits(s, prof, named_fix)])
+
+
+def _set_placement(s: Scenario, m: MemoryEstimate, prof: EngineProfile) -> tuple[str, bool]:
+    """A placement the run set (-ngl / --n-cpu-moe): its GPU part against the card (no margin
+    kept free), else its host part against the RAM; and whether the text names a fix."""
+    if m.gpu_bytes > m.capacity_bytes:
+        most = memory.max_gpu_layers(s, prof)
+        fix = (f"gpu_layers {most} keeps it under" if most else
+               "no gpu_layers keeps it under (raise n_cpu_moe, or leave both out)")
+        if m.fits is None:
+            return (f"the GPU part ({m.gpu_bytes / GB:.2f} GiB) is over the card's "
+                    f"{m.capacity_bytes / GB:.2f} GiB by less than the memory estimate's error "
+                    f"({100 * memory.SET_PLACEMENT_BAND:.0f}%): whether llama.cpp loads it is "
+                    f"undecided (fits null); {fix}"), bool(most)
+        return (f"the GPU part ({m.gpu_bytes / GB:.1f} GiB) is more than the card's "
+                f"{m.capacity_bytes / GB:.1f} GiB: llama.cpp would fail to load it; {fix}, or "
+                "leave workload.gpu_layers out to place layers as --fit does"), True
+    return _host(s, m, "the layers off the GPU, the token embedding and the process"), False
+
+
+def _host(s: Scenario, m: MemoryEstimate, what: str) -> str:
+    """An offloading deployment's host part against the host's RAM."""
+    host = memory.host_capacity_bytes(s)
+    need = f"{m.host_need_bytes / GB:.1f} GiB on the host ({what})"
+    if host is None:
+        return (f"fits is null: whether the {need} fit in its RAM is unknown; give "
+                "hardware.host_memory_gb to decide")
+    return (f"does not fit: {need} is more than the {host / GB:.1f} GiB usable of the host's "
+            f"{s.device.host_memory_gb:g} GB RAM")
+
+
+def _device(s: Scenario, m: MemoryEstimate) -> str:
+    """A CPU or a unified-memory chip: the peak against the memory it can use."""
+    d = s.device
+    size = f"{d.memory_gb:g} GB" + (f" x {d.device_count}" if d.device_count > 1 else "")
+    cap = memory.device_capacity_bytes(s)
+    name = "the device" if d.name == "unnamed" else d.name
+    return (f"does not fit: its {m.peak_phase} peak of {m.peak_bytes / GB:.2f} GiB is more than "
+            f"the {cap / GB:.2f} GiB of {name}'s {size} a process can use "
+            f"({100 * cap / (d.memory_gb * d.device_count * GB):.0f}%; the OS holds the rest)")
+
+
+def _what_fits(s: Scenario, prof: EngineProfile, named_fix: bool) -> list[str]:
+    """What makes a deployment that does not fit fit: a shorter context at its format; else the
+    first lighter format that fits at the context asked for, or at a shorter one."""
+    def ok(e: MemoryEstimate) -> bool:
+        return e.fits is True
+    out = []
+    ctx = memory.largest_context(s, ok, prof)
+    if ctx is not None:
+        out.append(f"a context of up to {ctx} tokens fits (workload.context_tokens)")
+    lighter = [q for q in LIGHTER.get(s.engine, ()) if _bits(q, s) < s.bits_per_weight]
+    for q in lighter:
+        other = replace(s, quant=q, bits_per_weight=_bits(q, s), embed_bits=None, head_bits=None)
+        other_prof = for_scenario(other)
+        e = memory.estimate(other, other_prof)
+        if ok(e):
+            out.append(f"at {_name(q, s)} it needs {e.peak_bytes / GB:.1f} GiB and fits (quant)")
+            break
+        shorter = None if ctx is not None else memory.largest_context(other, ok, other_prof)
+        if shorter is not None:
+            out.append(f"at {_name(q, s)} a context of up to {shorter} tokens fits (quant, "
+                       "workload.context_tokens)")
+            break
+    w = s.workload
+    if not out and w.batch > 1 and w.slots is None:
+        batch = _largest_batch(s, ok, prof)
+        if batch:
+            out.append(f"a batch of up to {batch} sequences fits (workload.batch)")
+    if not out and not named_fix:
+        tried = f"a format down to {_name(lighter[-1], s)}" if lighter else "another format"
+        out.append(f"neither a shorter context nor {tried} fits: a smaller model, or a device "
+                   "with more memory")
+    return out
+
+
+def _largest_batch(s: Scenario, ok: Callable[[MemoryEstimate], bool],
+                   prof: EngineProfile) -> int | None:
+    """The largest batch below the scenario's whose estimate is `ok`; None where one sequence
+    is not."""
+    def fits(n: int) -> bool:
+        return ok(memory.estimate(replace(s, workload=replace(s.workload, batch=n)), prof))
+    lo, hi = 1, s.workload.batch
+    if not fits(lo):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def _name(quant: str, s: Scenario) -> str:
+    """A format as the engine's users write it: GGUF types in capitals."""
+    return quant.upper() if s.engine in ("llama.cpp", "tightfit-lite") else quant
+
+
+def _bits(quant: str, s: Scenario) -> float:
+    return stored_bits(quant, s.model)
