@@ -671,6 +671,15 @@ def test_a_deployment_that_does_not_fit_says_why_and_what_would(row) -> None:
     row["model"], row["quant"] = {"name": "SmolLM2-135M"}, "Q8_0"
     out = predict([row])[0]
     assert out["fits"] is True and out["fits_reason"] is None
+    # past an Apple chip's recommended working set, within what it can take: fits, and says so
+    row["hardware"] = {"name": "M4 Pro", "memory_gb": 24}
+    row["model"], row["quant"] = {"name": "Qwen2.5-32B"}, "Q4_K_M"
+    row["workload"]["context_tokens"] = 4096
+    out = predict([row])[0]
+    assert out["fits"] is True and out["fits_on_device"] is False and out["fits_reason"] is None
+    assert any(n.startswith("fits past the GPU's recommended working set: its peak of "
+                            f"{out['peak_memory_gb']:.2f} GiB is over the 18.00 GiB")
+               for n in out["notes"])
     # an offload over the host's RAM
     row["hardware"] = {"name": "RTX 3060", "host_memory_gb": 16}
     row["model"], row["quant"] = {"name": "Llama-3.1-70B"}, "Q4_K_M"
@@ -678,6 +687,10 @@ def test_a_deployment_that_does_not_fit_says_why_and_what_would(row) -> None:
     assert out["fits"] is False
     assert re.search(r"does not fit: [\d.]+ GiB on the host .* is more than the 14.4 GiB usable "
                      r"of the host's 16 GB RAM", out["fits_reason"])
+    row["hardware"]["host_memory_gb"] = 64  # offloaded and fits: no reason, no working-set note
+    out = predict([row])[0]
+    assert out["fits"] is True and out["fits_on_device"] is False and out["fits_reason"] is None
+    assert not any("working set" in n for n in out["notes"])
 
 
 def test_tightfit_cpu_decode_reads_the_window_its_cache_does_not_drop(row) -> None:

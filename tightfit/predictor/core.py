@@ -123,13 +123,14 @@ def predict_scenario(s: Scenario, model: PredictorModel,
     prefill = w.batch * w.prompt_tokens / t_pre if t_pre > 0 else None
     factors = attribution.factors(s, b, t_step, t_pre, observed or {})
     why = fit.reason(s, b.memory, engines.for_scenario(s))
+    fit_notes = tuple(n for n in (why, fit.soft_cap_note(s, b.memory)) if n)
     return Prediction(
         id=s.id, fits=b.memory.fits, fits_on_device=b.memory.fits_on_device,
         peak_memory_gb=b.memory.peak_bytes / GB, offload_fraction=1 - b.memory.device_fraction,
         prefill_tok_s=prefill, decode_tok_s=w.batch / t_step, ttft_s=ttft, tpot_s=t_step,
         bottleneck=attribution.bottleneck(b.decode), factors=factors,
         interval=_intervals(s, model, b, t_step, t_pre, ttft),
-        notes=s.notes + _placement_notes(s, b) + ((why,) if why else ()) + _peak_notes(b),
+        notes=s.notes + _placement_notes(s, b) + fit_notes + _peak_notes(b),
         memory=_memory_parts(b), fits_reason=why,
     )
 

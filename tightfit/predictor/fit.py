@@ -45,6 +45,18 @@ def reason(s: Scenario, m: MemoryEstimate, prof: EngineProfile) -> str | None:
     return "; ".join([text, *_what_fits(s, prof, named_fix)])
 
 
+def soft_cap_note(s: Scenario, m: MemoryEstimate) -> str | None:
+    """A deployment that fits past a soft cap (an Apple chip's recommended GPU working set): what
+    it is over, and what holds it."""
+    if not m.fits or m.fits_on_device or s.device.device_class != "apple":
+        return None
+    hard = memory.device_capacity_bytes(s)
+    return (f"fits past the GPU's recommended working set: its peak of {m.peak_bytes / GB:.2f} GiB "
+            f"is over the {m.capacity_bytes / GB:.2f} GiB macOS recommends for the GPU, within "
+            f"the {hard / GB:.2f} GiB it can take; llama.cpp warns and runs, and other programs "
+            "then compete for the rest of the memory (fits_on_device false)")
+
+
 def _set_placement(s: Scenario, m: MemoryEstimate, prof: EngineProfile) -> tuple[str, bool]:
     """A placement the run set (-ngl / --n-cpu-moe): its GPU part against the card (no margin
     kept free), else its host part against the RAM; and whether the text names a fix."""
