@@ -72,7 +72,8 @@ def _set_placement(s: Scenario, m: MemoryEstimate, prof: EngineProfile) -> tuple
         return (f"the GPU part ({m.gpu_bytes / GB:.1f} GiB) is more than the card's "
                 f"{m.capacity_bytes / GB:.1f} GiB: llama.cpp would fail to load it; {fix}, or "
                 "leave workload.gpu_layers out to place layers as --fit does"), True
-    return _host(s, m, "the layers off the GPU, the token embedding and the process"), False
+    held = "the layers and routed experts" if m.host_expert_bytes > 0 else "the layers"
+    return _host(s, m, f"{held} off the GPU, the token embedding and the process"), False
 
 
 def _host(s: Scenario, m: MemoryEstimate, what: str) -> str:
@@ -112,7 +113,7 @@ def _what_fits(s: Scenario, prof: EngineProfile, named_fix: bool) -> list[str]:
         other_prof = for_scenario(other)
         e = memory.estimate(other, other_prof)
         if ok(e):
-            out.append(f"at {_name(q, s)} it needs {e.peak_bytes / GB:.1f} GiB and fits (quant)")
+            out.append(f"at {_name(q, s)} it needs {_need(e)} and fits (quant)")
             break
         shorter = None if ctx is not None else memory.largest_context(other, ok, other_prof)
         if shorter is not None:
@@ -144,6 +145,13 @@ def _largest_batch(s: Scenario, ok: Callable[[MemoryEstimate], bool],
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
+
+
+def _need(e: MemoryEstimate) -> str:
+    """What a deployment needs: its peak, and where part of it is in host RAM, that part."""
+    if e.host_need_bytes > 0:
+        return f"{e.peak_bytes / GB:.1f} GiB ({e.host_need_bytes / GB:.1f} GiB of it on the host)"
+    return f"{e.peak_bytes / GB:.1f} GiB"
 
 
 def _name(quant: str, s: Scenario) -> str:
