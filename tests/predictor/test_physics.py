@@ -693,6 +693,40 @@ def test_a_deployment_that_does_not_fit_says_why_and_what_would(row) -> None:
     assert not any("working set" in n for n in out["notes"])
 
 
+def test_capacity_is_the_largest_context_and_batch_that_stay_on_the_device(row) -> None:
+    """`capacity`: the largest context at the row's batch, and the most sequences at the row's
+    context, that keep the deployment on the device (a set placement: its GPU part within the
+    card); each checked against the memory estimate one step past it."""
+    from tightfit.predictor import predict
+
+    def on_device(r, **work):
+        s = parse_row({**r, "workload": {**r["workload"], **work}})
+        m = memory.estimate(s, engines.for_scenario(s))
+        return m.gpu_bytes <= m.capacity_bytes if "gpu_layers" in r["workload"] \
+            else m.fits_on_device
+
+    for hw, extra in (({"name": "RTX 3070"}, {}), ({"name": "Raspberry Pi 5"}, {}),
+                      ({"name": "RTX 3060"}, {"gpu_layers": 20})):
+        r = {**row, "hardware": hw, "workload": {**row["workload"], **extra}}
+        cap = predict([r])[0]["capacity"]
+        ctx, batch = cap["max_context_tokens"], cap["max_batch"]
+        assert ctx % 256 == 0 and on_device(r, context_tokens=ctx)
+        assert not on_device(r, context_tokens=ctx + 256)
+        assert on_device(r, batch=batch, slots=None) and not on_device(r, batch=batch + 1)
+    # more memory, more room; a deployment that does not stay on the device has none
+    small = predict([{**row, "hardware": {"name": "RTX 3060"}}])[0]["capacity"]
+    big = predict([{**row, "hardware": {"name": "RTX 4090"}}])[0]["capacity"]
+    assert big["max_context_tokens"] > small["max_context_tokens"] > 2048
+    assert big["max_batch"] > small["max_batch"] > 1
+    none = predict([{**row, "hardware": {"name": "GTX 1050 Ti"}}])[0]
+    assert none["offload_fraction"] > 0
+    assert none["capacity"] == {"max_context_tokens": None, "max_batch": None}
+    # a tiny model on a large device reaches the search's caps
+    tiny = predict([{**row, "hardware": {"name": "RTX 4090"}, "model": {"name": "SmolLM2-135M"},
+                     "quant": "Q8_0", "workload": {"prompt_tokens": 16, "gen_tokens": 16}}])[0]
+    assert tiny["capacity"]["max_batch"] == 4096
+
+
 def test_tightfit_cpu_decode_reads_the_window_its_cache_does_not_drop(row) -> None:
     """tightfit's paged cache keeps every position, but its fused CPU decode attention starts a
     sliding-window layer's row at len - window (engine/kernels/decode.cpp): Gemma 3 270M at a

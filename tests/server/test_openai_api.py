@@ -150,6 +150,7 @@ def test_predict(server: Any, wrap: bool) -> None:
     assert [d["id"] for d in data] == ["bad", "ok", "file", "big"]
     assert "error" in data[0] and "error" not in data[1] and data[1]["decode_tok_s"] > 0
     assert data[1]["fits"] is True and data[1]["fits_reason"] is None
+    assert data[1]["capacity"]["max_context_tokens"] > 640 and data[1]["capacity"]["max_batch"] > 1
     assert data[2]["error"]["field"] == "model.path"
     assert data[3]["fits"] is False and "Raspberry Pi 5" in data[3]["fits_reason"]
     assert "fits (quant)" in data[3]["fits_reason"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from tightfit.predictor import artefact, core, local
+from tightfit.predictor import artefact, core, fit, local
 from tightfit.predictor.models import PredictorModel
 from tightfit.predictor.scenario import RowError, Scenario, parse_row
 
@@ -28,6 +28,7 @@ def to_json(p: core.Prediction, s: Scenario) -> dict[str, Any]:
         "interval": {k: [_round(lo), _round(hi)] for k, (lo, hi) in p.interval.items()},
         "notes": list(p.notes),
         "memory": {k: v if isinstance(v, str) else _round(v) for k, v in p.memory.items()},
+        "capacity": fit.capacity(s),
     }
 
 

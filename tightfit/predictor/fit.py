@@ -9,7 +9,6 @@ one; else the largest batch that fits.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
 
 from tightfit.predictor import memory
 from tightfit.predictor.engines import EngineProfile, for_scenario
@@ -25,6 +24,27 @@ LIGHTER = {
     "tightfit": ("int8", "int4-g128"),
     "hf-transformers": ("bf16", "8bit", "nf4"),
 }
+
+
+# The search's caps: a million tokens (the longest contexts models are offered with), 4,096
+# sequences (beyond any single deployment's batch)
+MAX_CONTEXT, MAX_BATCH = 1 << 20, 4096
+
+
+def capacity(s: Scenario) -> dict[str, int | None]:
+    """The headroom of a deployment: the largest context (at the row's batch) and the most
+    sequences (at the row's context) whose memory stays where the row's does: all of it on the
+    device, or, for a placement the row sets (gpu_layers / n_cpu_moe), its GPU part within the
+    card. None where not even one request's own tokens do; the caps where the search reaches
+    them (MAX_CONTEXT, MAX_BATCH)."""
+    prof = for_scenario(s)
+    set_placement = s.device.device_class == "discrete_gpu" and prof.offload == "layer_split" \
+        and (s.workload.gpu_layers is not None or bool(s.workload.n_cpu_moe))
+
+    def ok(e: MemoryEstimate) -> bool:
+        return e.gpu_bytes <= e.capacity_bytes if set_placement else e.fits_on_device
+    return {"max_context_tokens": memory.largest_context(s, ok, prof, MAX_CONTEXT),
+            "max_batch": memory.largest_batch(s, ok, prof, MAX_BATCH)}
 
 
 def reason(s: Scenario, m: MemoryEstimate, prof: EngineProfile) -> str | None:
@@ -122,7 +142,7 @@ def _what_fits(s: Scenario, prof: EngineProfile, named_fix: bool) -> list[str]:
             break
     w = s.workload
     if not out and w.batch > 1 and w.slots is None:
-        batch = _largest_batch(s, ok, prof)
+        batch = memory.largest_batch(s, ok, prof)
         if batch:
             out.append(f"a batch of up to {batch} sequences fits (workload.batch)")
     if not out and not named_fix:
@@ -130,21 +150,6 @@ def _what_fits(s: Scenario, prof: EngineProfile, named_fix: bool) -> list[str]:
         out.append(f"neither a shorter context nor {tried} fits: a smaller model, or a device "
                    "with more memory")
     return out
-
-
-def _largest_batch(s: Scenario, ok: Callable[[MemoryEstimate], bool],
-                   prof: EngineProfile) -> int | None:
-    """The largest batch below the scenario's whose estimate is `ok`; None where one sequence
-    is not."""
-    def fits(n: int) -> bool:
-        return ok(memory.estimate(replace(s, workload=replace(s.workload, batch=n)), prof))
-    lo, hi = 1, s.workload.batch
-    if not fits(lo):
-        return None
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
 
 
 def _need(e: MemoryEstimate) -> str:

@@ -559,22 +559,39 @@ def max_context_on_device(s: Scenario, prof: EngineProfile) -> int | None:
 
 
 def largest_context(s: Scenario, ok: Callable[[MemoryEstimate], bool],
-                    prof: EngineProfile | None = None) -> int | None:
-    """The largest context below the scenario's (a multiple of 256 where it can be) whose memory
-    estimate is `ok`; None where even the request's own tokens are not."""
+                    prof: EngineProfile | None = None, hi: int | None = None) -> int | None:
+    """The largest context up to `hi` (default: below the scenario's), a multiple of 256 where it
+    can be, whose memory estimate is `ok`; None where even the request's own tokens are not."""
     w = s.workload
     prof = prof or for_scenario(s)
+    need = w.prompt_tokens + w.gen_tokens
+    n = largest(need, w.context_tokens - 1 if hi is None else hi, lambda ctx: ok(
+        estimate(replace(s, workload=replace(w, context_tokens=ctx)), prof)))
+    return None if n is None else max(n - n % 256, need)
 
-    def fits(ctx: int) -> bool:
-        return ok(estimate(replace(s, workload=replace(w, context_tokens=ctx)), prof))
-    lo = w.prompt_tokens + w.gen_tokens
-    if lo >= w.context_tokens or not fits(lo):
+
+def largest_batch(s: Scenario, ok: Callable[[MemoryEstimate], bool],
+                  prof: EngineProfile | None = None, hi: int | None = None) -> int | None:
+    """The most sequences, up to `hi` (default: below the scenario's batch), held at the
+    scenario's context and decoding together, whose memory estimate is `ok`; None where one
+    sequence's is not."""
+    w = s.workload
+    prof = prof or for_scenario(s)
+    return largest(1, w.batch - 1 if hi is None else hi, lambda n: ok(
+        estimate(replace(s, workload=replace(w, batch=n, slots=None)), prof)))
+
+
+def largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
+    """The largest n in [lo, hi] with ok(n), where ok holds up to some n and not past it (memory
+    grows with a context and a batch); None where ok(lo) does not hold."""
+    if lo > hi or not ok(lo):
         return None
-    hi = w.context_tokens  # does not fit (the caller's case)
-    while hi - lo > 1:
+    if ok(hi):
+        return hi
+    while hi - lo > 1:  # ok(lo), not ok(hi)
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return max(lo - lo % 256, w.prompt_tokens + w.gen_tokens)
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
 
 
 def host_capacity_bytes(s: Scenario) -> float | None:
