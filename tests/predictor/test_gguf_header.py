@@ -125,6 +125,14 @@ def test_the_packaged_gemma_3_270m_file_matches_its_name_and_its_bytes() -> None
                                              "quant": "Q4_K_M"}])
     assert by_file["decode_tok_s"] == pytest.approx(by_name["decode_tok_s"], rel=0.01)
     assert by_file["peak_memory_gb"] == pytest.approx(by_name["peak_memory_gb"], rel=0.01)
+    # its trained context (gemma3.context_length): a longer one is said, and caps the headroom
+    assert s.model.trained_context == 32768
+    assert by_file["capacity"]["max_context_tokens"] == 32768  # a 4090 holds far more
+    longer = predict([{**_row(path), "workload": {"prompt_tokens": 64, "gen_tokens": 32,
+                                                  "context_tokens": 65536}}])[0]
+    assert any(n.startswith("workload.context_tokens 65536 is past the 32768 positions")
+               for n in longer["notes"])
+    assert not any("positions the model was trained" in n for n in by_file["notes"])
 
 
 def test_bad_files_and_mismatched_formats_are_row_errors(tmp_path: Path) -> None:

@@ -86,6 +86,10 @@ def test_a_directory_gives_its_shape_format_and_counted_parameters(tmp_path: Pat
     assert parse_row(_row(_write(tmp_path / "tied", tied=True))).model.ties_embeddings
     # HF quantises on load: another format is the row's choice
     assert parse_row(_row(d, quant="nf4")).quant == "nf4"
+    # the trained context where config.json gives it
+    assert m.trained_context == 0
+    long = _write(tmp_path / "long", config={"max_position_embeddings": 4096})
+    assert parse_row(_row(long)).model.trained_context == 4096
 
 
 def test_a_mixture_of_experts_and_a_windowed_directory(tmp_path: Path) -> None:

@@ -57,6 +57,9 @@ class ModelSpec:
     # the last layers that attend to an earlier layer's K/V and hold none of their own (Gemma 3n
     # / Gemma 4 E: llama.cpp's n_layer_kv_from_start); 0 for every other model
     kv_shared_layers: int = 0
+    # positions the model was trained for, where a file read says (GGUF `context_length`, HF
+    # `max_position_embeddings`); 0: not known (the name table does not carry it)
+    trained_context: int = 0
 
     @property
     def layer_ops(self) -> float:

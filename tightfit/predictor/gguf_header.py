@@ -159,7 +159,8 @@ def read(path: str | Path) -> GGUFModel:
         intermediate_size=inter, head_dim=head_dim, tied_embeddings=_OUTPUT not in shapes,
         expert_params_b=experts / 1e9 if experts else None,
         per_layer_embed_params_b=elems.get(_PER_LAYER, 0) / 1e9, fused_qkv=fused_qkv,
-        kv_shared_layers=_first(key("attention.shared_kv_layers"), 0))
+        kv_shared_layers=_first(key("attention.shared_kv_layers"), 0),
+        trained_context=_first(key("context_length"), 0))
     if table is not None:  # the family's traits; the numbers are the file's
         spec = with_traits(spec, table, attn_layers)
     else:

@@ -159,7 +159,9 @@ def read(path: str | Path) -> HFModel:
         intermediate_size=inter, head_dim=head_dim, tied_embeddings=tied,
         expert_params_b=experts / 1e9 if experts else None, sliding_window=window,
         sliding_layers=sliding, full_kv_scale=full_kv if sliding else 1.0,
-        kv_shared_layers=_int(cfg, "num_kv_shared_layers", default=0))
+        kv_shared_layers=_int(cfg, "num_kv_shared_layers", default=0),
+        trained_context=_int(cfg, "max_position_embeddings", "n_positions", "max_seq_len",
+                             default=0) or 0)
     mixer = _TYPE_MIXER.get(model_type, "")
     if mixer == architectures.PARALLEL_HYBRID:
         spec = replace(spec, mixer=mixer)
