@@ -123,7 +123,8 @@ def predict_scenario(s: Scenario, model: PredictorModel,
     prefill = w.batch * w.prompt_tokens / t_pre if t_pre > 0 else None
     factors = attribution.factors(s, b, t_step, t_pre, observed or {})
     why = fit.reason(s, b.memory, engines.for_scenario(s))
-    fit_notes = tuple(n for n in (why, fit.soft_cap_note(s, b.memory)) if n)
+    fit_notes = tuple(n for n in (why, fit.soft_cap_note(s, b.memory),
+                                  fit.tightfit_settings_note(s)) if n)
     return Prediction(
         id=s.id, fits=b.memory.fits, fits_on_device=b.memory.fits_on_device,
         peak_memory_gb=b.memory.peak_bytes / GB, offload_fraction=1 - b.memory.device_fraction,

@@ -8,6 +8,7 @@ one; else the largest batch that fits.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from tightfit.predictor import memory
@@ -76,6 +77,31 @@ def soft_cap_note(s: Scenario, m: MemoryEstimate) -> str | None:
             f"is over the {m.capacity_bytes / GB:.2f} GiB macOS recommends for the GPU, within "
             f"the {hard / GB:.2f} GiB it can take; llama.cpp warns and runs, and other programs "
             "then compete for the rest of the memory (fits_on_device false)")
+
+
+def tightfit_settings_note(s: Scenario) -> str | None:
+    """The flags tightfit's engine needs to run a row that its defaults refuse: a context past
+    its `max_model_len`, K/V for the sequences held past its KV pool (`kv_cache_bytes`, in
+    whole blocks; the pool is mapped lazily, so a larger one costs memory only as it fills)."""
+    if s.engine != "tightfit":
+        return None
+    from tightfit.config import CacheConfig, SchedulerConfig
+
+    cache, sched, w = CacheConfig(), SchedulerConfig(), s.workload
+    per_token = memory.kv_bytes_per_token(s, for_scenario(s))
+    blocks = -(-w.context_tokens // cache.block_size) * w.held
+    pool = blocks * cache.block_size * per_token
+    flags = []
+    if w.context_tokens > sched.max_model_len:
+        flags.append(f"--max-model-len {w.context_tokens}")
+    if pool > cache.kv_cache_bytes:
+        flags.append(f"--kv-cache-memory {math.ceil(pool / 2**20)}MiB")
+    if not flags:
+        return None
+    held = int(cache.kv_cache_bytes // (cache.block_size * per_token)) * cache.block_size
+    return (f"tightfit's engine runs this with {' and '.join(flags)}: its defaults are "
+            f"{sched.max_model_len} tokens a sequence and a {cache.kv_cache_bytes / 2**20:.0f} MiB "
+            f"K/V pool ({held} tokens of this model's K/V)")
 
 
 def _set_placement(s: Scenario, m: MemoryEstimate, prof: EngineProfile) -> tuple[str, bool]:

@@ -422,7 +422,12 @@ def state_bytes(s: Scenario, held: bool = True) -> float:
 def kv_bytes_per_token(s: Scenario, prof: EngineProfile) -> float:
     dtype = s.workload.kv_dtype or prof.kv_dtype or (
         "fp16" if compute_dtype_bytes(s) == 2.0 else "fp32")
-    return s.model.kv_elements_per_token() * formats.kv_bytes(dtype)
+    per = formats.kv_bytes(dtype)
+    if s.engine == "tightfit" and formats.normalise(dtype) == "int8":
+        # tightfit's int8 cache keeps an fp32 scale a head and token beside the codes
+        # (config.CacheConfig.kv_bytes_per_token)
+        per += 4.0 / s.model.head_dim
+    return s.model.kv_elements_per_token() * per
 
 
 def buffer_bytes(s: Scenario, prof: EngineProfile) -> float:
