@@ -705,6 +705,7 @@ def test_capacity_is_the_largest_context_and_batch_that_stay_on_the_device(row) 
         return m.gpu_bytes <= m.capacity_bytes if "gpu_layers" in r["workload"] \
             else m.fits_on_device
 
+    row["model"] = {"name": "Llama-3.1-8B"}  # trained for 131,072 positions: memory caps it
     for hw, extra in (({"name": "RTX 3070"}, {}), ({"name": "Raspberry Pi 5"}, {}),
                       ({"name": "RTX 3060"}, {"gpu_layers": 20})):
         r = {**row, "hardware": hw, "workload": {**row["workload"], **extra}}
@@ -721,6 +722,10 @@ def test_capacity_is_the_largest_context_and_batch_that_stay_on_the_device(row) 
     none = predict([{**row, "hardware": {"name": "GTX 1050 Ti"}}])[0]
     assert none["offload_fraction"] > 0
     assert none["capacity"] == {"max_context_tokens": None, "max_batch": None}
+    # the first Llama 3 was trained for 8,192 positions: its headroom stops there
+    first = predict([{**row, "model": {"name": "Meta-Llama-3-8B"},
+                      "hardware": {"name": "RTX 4090"}}])[0]["capacity"]
+    assert first["max_context_tokens"] == 8192 < big["max_context_tokens"]
     # a tiny model on a large device reaches the search's caps
     tiny = predict([{**row, "hardware": {"name": "RTX 4090"}, "model": {"name": "SmolLM2-135M"},
                      "quant": "Q8_0", "workload": {"prompt_tokens": 16, "gen_tokens": 16}}])[0]

@@ -57,8 +57,8 @@ class ModelSpec:
     # the last layers that attend to an earlier layer's K/V and hold none of their own (Gemma 3n
     # / Gemma 4 E: llama.cpp's n_layer_kv_from_start); 0 for every other model
     kv_shared_layers: int = 0
-    # positions the model was trained for, where a file read says (GGUF `context_length`, HF
-    # `max_position_embeddings`); 0: not known (the name table does not carry it)
+    # positions the model was trained for: a file read's (GGUF `context_length`, HF
+    # `max_position_embeddings`), or the table's for some families (_TRAINED_CONTEXT); 0: unknown
     trained_context: int = 0
 
     @property
@@ -352,6 +352,19 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
     _m("magistral-small", 23.6, 40, 5120, 32, 8, 131072, 32768, head_dim=128),
     _m("devstral-small", 23.6, 40, 5120, 32, 8, 131072, 32768, head_dim=128),
 ]}
+
+# Trained contexts (config.json's max_position_embeddings) of the families above whose value is
+# one for every size and checked: SmolLM2 8,192 and Gemma 3 270M 32,768 as their packaged GGUF
+# files say (`context_length`); the others as their model cards and configs publish them.
+# Other entries leave it unknown (0); a model file read gives its own.
+_TRAINED_CONTEXT = {
+    "llama-2-": 4096, "codellama-34b": 16384, "llama-3-": 8192, "llama-3.1-": 131072,
+    "llama-3.2-": 131072, "llama-3.3-": 131072, "tinyllama-": 2048, "smollm2-": 8192,
+    "gemma-3-270m": 32768, "gemma-3-1b": 32768, "gemma-3-4b": 131072, "gemma-3-12b": 131072,
+    "gemma-3-27b": 131072,
+}
+KNOWN = {k: next((replace(s, trained_context=n) for p, n in _TRAINED_CONTEXT.items()
+                  if k.startswith(p)), s) for k, s in KNOWN.items()}
 
 # Name fragments -> table key, checked in order after normalisation (longest first matters).
 _FAMILY_HINTS: list[tuple[str, str]] = [

@@ -231,10 +231,10 @@ def parse_row(row: Any, files: bool = True) -> Scenario:
                        prof.decode_reads_window)
     if 0 < model.trained_context < workload.context_tokens:
         notes.append(f"workload.context_tokens {workload.context_tokens} is past the "
-                     f"{model.trained_context} positions the model was trained for (its file "
-                     "says): llama.cpp warns and runs it, vLLM refuses it, and the output past "
-                     "them is not what the model was trained to give unless RoPE scaling (YaRN) "
-                     "is set")
+                     f"{model.trained_context} positions the model was trained for "
+                     f"({'its file says' if file is not None else 'as published'}): llama.cpp "
+                     "warns and runs it, vLLM refuses it, and the output past them is not what "
+                     "the model was trained to give unless RoPE scaling (YaRN) is set")
     if embed_bits is not None and not isinstance(file, gguf_header.GGUFModel):
         notes.append(f"token embedding and output head at {embed_bits:g} bits (the format's "
                      "tag), the rest as the preset stores it")
