@@ -319,3 +319,31 @@ def test_score_scenarios_reads_the_shipped_batched_bench_tables(capsys) -> None:
     assert res["n_rows"] == 180 and not res["errors"] and res["unmeasured"] == 0
     assert res["per_metric"]["decode_tok_s"]["n"] == 180
     assert {"NVIDIA GB10 batch 32", "Apple M2 Ultra batch 1"} <= set(res["per_device_batch"])
+
+
+def test_mlx_is_llama_cpp_on_metal_with_mlx_storage_and_reads_its_public_runs(capsys) -> None:
+    """Engine `mlx`: llama.cpp's Apple profile with MLX's 4-bit storage (4.5 bits, embedding and
+    head included), Apple chips and MLX formats only; the llmfit table's 32 MLX runs on an M4 Pro
+    (docs/examples/mlx-m4pro.jsonl, whole-request rates, nothing fitted to them) read within 20%
+    each."""
+    from pathlib import Path
+
+    from tightfit.predictor import predict
+
+    base = {"id": "m", "hardware": {"name": "Apple M4 Pro", "memory_gb": 24},
+            "model": "mlx-community/Qwen2.5-7B-Instruct-4bit", "quant": "4bit", "engine": "mlx"}
+    mlx, gguf = predict([base, {**base, "engine": "llama.cpp", "quant": "Q4_0"}])
+    assert any(n.startswith("engine mlx taken as llama.cpp") for n in mlx["notes"])
+    # MLX's head is 4-bit where a Q4_0 file keeps it at Q6_K: less to read a token
+    assert mlx["peak_memory_gb"] < gguf["peak_memory_gb"]
+    assert mlx["decode_tok_s"] > gguf["decode_tok_s"]
+    gpu, k_quant = predict([{**base, "hardware": {"name": "RTX 4090"}},
+                            {**base, "quant": "Q4_K_M"}])
+    assert gpu["error"]["field"] == "engine" and "Apple silicon" in gpu["error"]["message"]
+    assert k_quant["error"]["field"] == "quant" and "'4bit'" in k_quant["error"]["message"]
+    path = Path(__file__).parents[2] / "docs" / "examples" / "mlx-m4pro.jsonl"
+    assert main(["predictor", "score", "--scenarios", str(path), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["n_rows"] == 32 and not res["errors"]
+    scored = res["per_metric"]["request_tok_s"]
+    assert scored["n"] == 32 and scored["max"] < 20 and scored["mape"] < 10

@@ -81,7 +81,7 @@ def score(measurements: tuple[str, ...], batched: bool = False) -> dict[str, Any
     return out
 
 
-SCORED_METRICS = ("decode_tok_s", "prefill_tok_s", "ttft_s", "peak_memory_gb")
+SCORED_METRICS = ("decode_tok_s", "prefill_tok_s", "ttft_s", "request_tok_s", "peak_memory_gb")
 
 
 def score_scenarios(paths: tuple[str, ...]) -> dict[str, Any]:

@@ -17,8 +17,8 @@ from typing import Any
 from tightfit.errors import TightfitError
 from tightfit.predictor import architectures, formats, gguf_header, hardware, hf_dir
 from tightfit.predictor.architectures import ModelSpec
-from tightfit.predictor.engines import (ENGINES, LITE_QUANTS, canonical_engine,
-                                       keeps_quantised, profile)
+from tightfit.predictor.engines import (ENGINES, LITE_QUANTS, MLX_ENGINES, MLX_QUANTS,
+                                       canonical_engine, keeps_quantised, profile)
 from tightfit.predictor.hardware import DeviceSpec
 
 LOCAL_NAMES = ("local", "this")
@@ -202,7 +202,10 @@ def parse_row(row: Any, files: bool = True) -> Scenario:
         _lite_supported(device, quant)
     workload = _workload(row.get("workload", {}))
     notes = hw_notes + model_notes
-    if str(row.get("engine")).strip().lower() == "ollama":
+    given = str(row.get("engine")).strip().lower()
+    if given in MLX_ENGINES:
+        notes.append(_mlx(device, quant))
+    if given == "ollama":
         # the llmfit table's ollama rows, predicted as llama.cpp, read 0.14-3.9 of measured
         # (median 1.00, 66 rows; docs/predictor.md): names without their experts, and runs on
         # the CPU beside a GPU ollama does not drive
@@ -607,6 +610,23 @@ def _quant(value: Any) -> tuple[str, float | None]:
         return formats.normalise(base), embed_bits
     except TightfitError as exc:
         raise RowError("quant", str(exc)) from None
+
+
+def _mlx(device: DeviceSpec, quant: str) -> str:
+    """MLX is taken as llama.cpp on Metal with MLX's storage ("4bit" / "8bit": groups of 64
+    weights with an fp16 scale and bias, the embedding and head included, as mlx_lm.convert
+    writes them): scored so, the llmfit table's 32 MLX runs on an M4 Pro read 0.86-1.18 of
+    measured, 6.3% MAPE (docs/examples/mlx-m4pro.jsonl; nothing fitted to them)."""
+    if device.device_class != "apple":
+        raise RowError("engine", f"MLX runs on Apple silicon; this device is "
+                                 f"{device.device_class!r}: describe an Apple chip or use engine "
+                                 "llama.cpp")
+    if quant not in MLX_QUANTS:
+        raise RowError("quant", f"MLX runs its own formats ({', '.join(MLX_QUANTS)}), not "
+                                f"{quant!r}: give '4bit' for an mlx-community 4-bit model")
+    return ("engine mlx taken as llama.cpp on Metal with MLX's storage (4bit / 8bit: groups of 64 "
+            "with an fp16 scale and bias, embedding and head included): the llmfit table's 32 MLX "
+            "runs on an M4 Pro read 0.86-1.18 of measured (6.3% MAPE); memory as llama.cpp's")
 
 
 def _lite_supported(device: DeviceSpec, quant: str) -> None:
