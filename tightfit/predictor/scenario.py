@@ -617,26 +617,30 @@ def _mlx(device: DeviceSpec, quant: str) -> str:
     weights with an fp16 scale and bias, the embedding and head included, as mlx_lm.convert
     writes them): scored so, the llmfit table's 32 MLX runs on an M4 Pro read 0.86-1.18 of
     measured, 6.3% MAPE (docs/examples/mlx-m4pro.jsonl; nothing fitted to them)."""
-    if device.device_class != "apple":
-        raise RowError("engine", f"MLX runs on Apple silicon; this device is "
-                                 f"{device.device_class!r}: describe an Apple chip or use engine "
-                                 "llama.cpp")
-    if quant not in MLX_QUANTS:
-        raise RowError("quant", f"MLX runs its own formats ({', '.join(MLX_QUANTS)}), not "
-                                f"{quant!r}: give '4bit' for an mlx-community 4-bit model")
+    _runs_only(device, quant, "MLX", "apple", "Apple silicon",
+               "describe an Apple chip or use engine llama.cpp", MLX_QUANTS,
+               "give '4bit' for an mlx-community 4-bit model")
     return ("engine mlx taken as llama.cpp on Metal with MLX's storage (4bit / 8bit: groups of 64 "
             "with an fp16 scale and bias, embedding and head included): the llmfit table's 32 MLX "
             "runs on an M4 Pro read 0.86-1.18 of measured (6.3% MAPE); memory as llama.cpp's")
 
 
 def _lite_supported(device: DeviceSpec, quant: str) -> None:
-    if device.device_class != "cpu":
-        raise RowError("engine", f"the lite runtime (tightfit-lite) runs on the CPU only; this "
-                                 f"device is {device.device_class!r}: describe its CPU (kind "
-                                 "cpu) or use engine llama.cpp or tightfit")
-    if quant not in LITE_QUANTS:
-        raise RowError("quant", f"the lite runtime reads {', '.join(LITE_QUANTS)} GGUF blocks, "
-                                f"not {quant!r}; use engine tightfit or llama.cpp")
+    _runs_only(device, quant, "the lite runtime (tightfit-lite)", "cpu", "the CPU",
+               "describe its CPU (kind cpu) or use engine llama.cpp or tightfit", LITE_QUANTS,
+               "use engine tightfit or llama.cpp")
+
+
+def _runs_only(device: DeviceSpec, quant: str, engine: str, device_class: str, where: str,
+               other_device: str, quants: tuple[str, ...], other_quant: str) -> None:
+    """An engine that runs on one device class and reads a few formats: a row error naming the
+    field otherwise, and what to give instead."""
+    if device.device_class != device_class:
+        raise RowError("engine", f"{engine} runs on {where} only; this device is "
+                                 f"{device.device_class!r}: {other_device}")
+    if quant not in quants:
+        raise RowError("quant", f"{engine} runs {', '.join(quants)}, not {quant!r}: "
+                                f"{other_quant}")
 
 
 def _engine(value: Any) -> str:
