@@ -220,7 +220,7 @@ def render(result: dict[str, Any]) -> str:
                               "and batch]", "engine, batch"),
                              ("per_device_batch", "\n[the shipped model: aggregate decode per "
                               "device and batch]", "device, batch")):
-        if key not in result:
+        if not result.get(key):
             continue
         lines += [title, f"{head:32s}{'n':>5s}{'MAPE%':>8s}{'max%':>8s}{'pred/meas':>11s}"]
         for d, s in result[key].items():
