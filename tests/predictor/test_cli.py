@@ -341,6 +341,9 @@ def test_mlx_is_llama_cpp_on_metal_with_mlx_storage_and_reads_its_public_runs(ca
                             {**base, "quant": "Q4_K_M"}])
     assert gpu["error"]["field"] == "engine" and "Apple silicon" in gpu["error"]["message"]
     assert k_quant["error"]["field"] == "quant" and "'4bit'" in k_quant["error"]["message"]
+    vllm, other = predict([{**base, "engine": "vLLM"}, {**base, "engine": "foo"}])
+    assert vllm["error"]["field"] == "engine" and "'vLLM' is not modelled" in vllm["error"]["message"]
+    assert "ollama / mlx" in other["error"]["message"]
     path = Path(__file__).parents[2] / "docs" / "examples" / "mlx-m4pro.jsonl"
     assert main(["predictor", "score", "--scenarios", str(path), "--json"]) == 0
     res = json.loads(capsys.readouterr().out)

@@ -643,10 +643,20 @@ def _runs_only(device: DeviceSpec, quant: str, engine: str, device_class: str, w
                                 f"{other_quant}")
 
 
+# Serving engines users ask for that the predictor does not model: each preallocates a share of
+# the GPU for its K/V and runs its own kernels, with no measurement here to fit them on
+_NOT_MODELLED = ("vllm", "sglang", "tgi", "text-generation-inference", "tensorrt-llm", "trt-llm",
+                 "exllamav2", "exllama")
+
+
 def _engine(value: Any) -> str:
     engine = canonical_engine(str(value)) if isinstance(value, str) else None
     if engine is None:
-        raise RowError("engine", f"{value!r} is not one of {', '.join(ENGINES)}")
+        known = f"one of {', '.join(ENGINES)} (or ollama / mlx, taken as llama.cpp)"
+        if isinstance(value, str) and value.strip().lower() in _NOT_MODELLED:
+            raise RowError("engine", f"{value!r} is not modelled (it preallocates GPU memory for "
+                                     f"its K/V and runs kernels of its own); give {known}")
+        raise RowError("engine", f"{value!r} is not {known}")
     return engine
 
 
