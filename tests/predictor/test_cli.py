@@ -212,8 +212,9 @@ def test_help(cmd, capsys) -> None:
 
 
 def test_the_documented_example_file(tmp_path) -> None:
-    """docs/examples/scenarios.jsonl, as docs/predictor.md shows it: four answers, one error,
-    the offloading GTX 1050 Ti bottlenecked by transfer, the tightfit CPU row peaking in load."""
+    """docs/examples/scenarios.jsonl, as docs/predictor.md shows it: five answers, one error,
+    the offloading GTX 1050 Ti bottlenecked by transfer, the tightfit CPU row peaking in load,
+    the M2 row not fitting and naming the format that would."""
     from pathlib import Path
 
     example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "scenarios.jsonl"
@@ -224,6 +225,9 @@ def test_the_documented_example_file(tmp_path) -> None:
     assert rows["1050ti-llama3-8b"]["bottleneck"] == "offload_transfer"
     assert 0 < rows["1050ti-llama3-8b"]["offload_fraction"] < 1
     assert rows["cpu-tightfit-gemma3"]["memory"]["peak_phase"] == "load"
+    assert rows["m2-llama3.1-8b-f16"]["fits"] is False
+    assert "at Q6_K it needs" in rows["m2-llama3.1-8b-f16"]["fits_reason"]
+    assert rows["3070-llama3-8b"]["capacity"]["max_context_tokens"] == 8192
     assert main(["check", "--input", str(example), "--ttft-slo", "0.5", "--tpot-slo", "0.05"]) == 1
 
 
