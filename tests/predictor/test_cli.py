@@ -229,6 +229,16 @@ def test_the_documented_example_file(tmp_path) -> None:
     assert "at Q6_K it needs" in rows["m2-llama3.1-8b-f16"]["fits_reason"]
     assert rows["3070-llama3-8b"]["capacity"]["max_context_tokens"] == 8192
     assert main(["check", "--input", str(example), "--ttft-slo", "0.5", "--tpot-slo", "0.05"]) == 1
+    # --table: one line a row, as the docs show it, with the reason a row does not fit
+    table = tmp_path / "p.txt"
+    assert main(["predict", "--input", str(example), "--table", "--output", str(table)]) == 0
+    lines = table.read_text().splitlines()
+    assert len(lines) == 7 and lines[0].startswith("3070-llama3-8b       fits  5.36 GiB")
+    assert "capacity 8192 tokens / 7 seqs" in lines[0] and "offload 49%" in lines[1]
+    assert lines[5] == "   fits_reason: " + rows["m2-llama3.1-8b-f16"]["fits_reason"]
+    assert lines[6].startswith("bad-quant            error: quant: unknown quant 'Q9_Z'")
+    docs = (example.parents[1] / "predictor.md").read_text()
+    assert "\n".join(lines[:6]) in docs
 
 
 def test_a_reader_that_stops_early_is_not_a_crash(tmp_path) -> None:

@@ -39,7 +39,11 @@ def read_jsonl(path: str) -> list[Any]:
 
 
 def write_jsonl(rows: list[dict[str, Any]], path: str | None) -> None:
-    text = "".join(json.dumps(r, sort_keys=False) + "\n" for r in rows)
+    write_text("".join(json.dumps(r, sort_keys=False) + "\n" for r in rows), path)
+
+
+def write_text(text: str, path: str | None) -> None:
+    """`text` to the file at `path` (an --output), else to stdout."""
     if path:
         try:
             Path(path).write_text(text)
