@@ -449,3 +449,16 @@ def test_every_k_quant_preset_follows_its_per_layer_types() -> None:
         if quant == "Q2_K":
             old = replace(s, bits_per_weight=formats.bits_per_weight(quant))
             assert memory.weight_bytes(old, prof) / 1e9 < 0.92 * gb
+
+
+def test_trained_contexts_from_the_table_and_from_a_name_tag() -> None:
+    """The table's trained context for families with one value at every size; a variant named
+    by its context ("-128k", "-16K") takes the name's; a family without one stays unknown (0)."""
+    from tightfit.predictor.architectures import lookup
+
+    cases = {"Meta-Llama-3-8B-Instruct": 8192, "Llama-3.1-70B-Instruct": 131072,
+             "gemma-2-9b-it": 8192, "gemma-3-1b-it": 32768, "gemma-3-12b-it": 131072,
+             "phi-4": 16384, "Phi-4-mini-instruct": 131072, "gpt-oss-20b": 131072,
+             "Phi-3-mini-4k-instruct": 4096, "Phi-3-mini-128k-instruct": 131072,
+             "Yi-1.5-9B-Chat-16K": 16384, "Qwen2.5-7B-Instruct": 0, "Yi-1.5-9B-Chat": 0}
+    assert {n: lookup(n).trained_context for n in cases} == cases

@@ -360,11 +360,15 @@ KNOWN: dict[str, ModelSpec] = {s.name: s for s in [
 _TRAINED_CONTEXT = {
     "llama-2-": 4096, "codellama-34b": 16384, "llama-3-": 8192, "llama-3.1-": 131072,
     "llama-3.2-": 131072, "llama-3.3-": 131072, "tinyllama-": 2048, "smollm2-": 8192,
-    "gemma-3-270m": 32768, "gemma-3-1b": 32768, "gemma-3-4b": 131072, "gemma-3-12b": 131072,
-    "gemma-3-27b": 131072,
+    "gemma-1-": 8192, "gemma-2-": 8192, "gemma-3-270m": 32768, "gemma-3-1b": 32768,
+    "gemma-3-4b": 131072, "gemma-3-12b": 131072, "gemma-3-27b": 131072, "gemma-3n-": 32768,
+    "phi-3.5-mini": 131072, "phi-3.5-moe": 131072, "phi-4-mini": 131072, "phi-4": 16384,
+    "phi-4-reasoning-plus": 32768, "mistral-7b": 32768, "mixtral-8x7b": 32768,
+    "mixtral-8x22b": 65536, "gpt-oss-": 131072, "deepseek-v3": 163840,
 }
-KNOWN = {k: next((replace(s, trained_context=n) for p, n in _TRAINED_CONTEXT.items()
-                  if k.startswith(p)), s) for k, s in KNOWN.items()}
+KNOWN = {k: next((replace(s, trained_context=_TRAINED_CONTEXT[p]) for p in
+                  sorted(_TRAINED_CONTEXT, key=len, reverse=True) if k.startswith(p)), s)
+         for k, s in KNOWN.items()}
 
 # Name fragments -> table key, checked in order after normalisation (longest first matters).
 _FAMILY_HINTS: list[tuple[str, str]] = [
@@ -506,12 +510,18 @@ def parse_sizes(name: str) -> tuple[float | None, float | None]:
     return (max(sizes) if sizes else None), act
 
 
+# a context named in a model's name: "-4k-", "-128k", "-16K", "gradient-1048k"
+_CONTEXT_TAG = re.compile(r"(?:^|[-_.])(\d{1,4})k(?=$|[-_.])")
+
+
 def lookup(name: str) -> ModelSpec | None:
     """ModelSpec for a model or GGUF file name, or None when no size can be derived."""
     s = clean_name(name)
     key = _table_key(s)
     if key:
-        return replace(KNOWN[key], name=s)
+        spec = replace(KNOWN[key], name=s)
+        tag = _CONTEXT_TAG.search(s)  # a variant named by its context ("phi-3-mini-128k")
+        return replace(spec, trained_context=int(tag.group(1)) * 1024) if tag else spec
     total, active = parse_sizes(s)
     if total is None:
         return None
