@@ -355,6 +355,10 @@ def test_mlx_is_llama_cpp_on_metal_with_mlx_storage_and_reads_its_public_runs(ca
                             {**base, "quant": "Q4_K_M"}])
     assert gpu["error"]["field"] == "engine" and "Apple silicon" in gpu["error"]["message"]
     assert k_quant["error"]["field"] == "quant" and "'4bit'" in k_quant["error"]["message"]
+    # a row that does not fit is offered MLX's formats, not llama.cpp's
+    big = predict([{**base, "hardware": {"name": "Apple M2", "memory_gb": 8},
+                    "model": "Llama-3.1-8B-Instruct", "quant": "bf16"}])[0]
+    assert big["fits"] is False and "at 4bit it needs" in big["fits_reason"]
     vllm, other = predict([{**base, "engine": "vLLM"}, {**base, "engine": "foo"}])
     assert vllm["error"]["field"] == "engine" and "'vLLM' is not modelled" in vllm["error"]["message"]
     assert "ollama / mlx" in other["error"]["message"]

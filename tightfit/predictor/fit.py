@@ -24,6 +24,7 @@ LIGHTER = {
     "tightfit-lite": ("q8_0", "q4_1", "q4_0"),
     "tightfit": ("int8", "int4-g128"),
     "hf-transformers": ("bf16", "8bit", "nf4"),
+    "mlx": ("8bit", "4bit"),  # an alias (Scenario.alias) predicted as llama.cpp
 }
 
 
@@ -154,7 +155,8 @@ def _what_fits(s: Scenario, prof: EngineProfile, named_fix: bool) -> list[str]:
     ctx = memory.largest_context(s, ok, prof)
     if ctx is not None:
         out.append(f"a context of up to {ctx} tokens fits (workload.context_tokens)")
-    lighter = [q for q in LIGHTER.get(s.engine, ()) if _bits(q, s) < s.bits_per_weight]
+    lighter = [q for q in LIGHTER.get(s.alias if s.alias in LIGHTER else s.engine, ())
+               if _bits(q, s) < s.bits_per_weight]
     for q in lighter:
         other = replace(s, quant=q, bits_per_weight=_bits(q, s), embed_bits=None, head_bits=None)
         other_prof = for_scenario(other)
@@ -188,7 +190,8 @@ def _need(e: MemoryEstimate) -> str:
 
 def _name(quant: str, s: Scenario) -> str:
     """A format as the engine's users write it: GGUF types in capitals."""
-    return quant.upper() if s.engine in ("llama.cpp", "tightfit-lite") else quant
+    return quant.upper() if s.engine in ("llama.cpp", "tightfit-lite") and s.alias != "mlx" \
+        else quant
 
 
 def _bits(quant: str, s: Scenario) -> float:

@@ -92,6 +92,9 @@ class Scenario:
     # embedding's); None: as the preset stores them
     embed_bits: float | None = None
     head_bits: float | None = None  # the output head's, where a file read says (else embed_bits)
+    # the engine as the row named it where that is an alias predicted as `engine` ("mlx",
+    # "ollama"); "" otherwise
+    alias: str = ""
 
 
 def device_profile_path() -> Path:
@@ -247,8 +250,9 @@ def parse_row(row: Any, files: bool = True) -> Scenario:
                      "on a CPU it decodes a long context slower than without it; for "
                      "llama-cpp-python (off by default) or -fa off set workload.flash_attn "
                      "to false")
+    alias = "mlx" if given in MLX_ENGINES else ("ollama" if given == "ollama" else "")
     return Scenario(str(rid), device, model, quant, bpw, engine, workload, widen, tuple(notes),
-                    embed_bits, head_bits)
+                    embed_bits, head_bits, alias)
 
 
 ModelFile = gguf_header.GGUFModel | hf_dir.HFModel
