@@ -76,8 +76,8 @@ def soft_cap_note(s: Scenario, m: MemoryEstimate) -> str | None:
     hard = memory.device_capacity_bytes(s)
     return (f"fits past the GPU's recommended working set: its peak of {m.peak_bytes / GB:.2f} GiB "
             f"is over the {m.capacity_bytes / GB:.2f} GiB macOS recommends for the GPU, within "
-            f"the {hard / GB:.2f} GiB it can take; llama.cpp warns and runs, and other programs "
-            "then compete for the rest of the memory (fits_on_device false)")
+            f"the {hard / GB:.2f} GiB it can take; Metal lets it run past (llama.cpp warns), "
+            "and other programs then compete for the rest of the memory (fits_on_device false)")
 
 
 def tightfit_settings_note(s: Scenario) -> str | None:
