@@ -13,8 +13,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p = subparsers.add_parser(
         "predict", help="predict latency, throughput, memory and fit for scenarios (JSONL)",
         description="Read one scenario a line (see docs/predictor.md) and write one prediction a "
-                    "line: fits, peak_memory_gb, prefill_tok_s, decode_tok_s, ttft_s, tpot_s, "
-                    "bottleneck, factors, interval. Bad rows get an 'error' entry.")
+                    "line: fits (and fits_reason: why not, and what would fit), "
+                    "peak_memory_gb, prefill_tok_s, decode_tok_s, ttft_s, tpot_s, bottleneck, "
+                    "factors, interval, capacity (the largest context and batch that stay on "
+                    "the device). Bad rows get an 'error' entry.")
     p.add_argument("--input", "-i", required=True, help="JSONL file of scenarios ('-' = stdin)")
     p.add_argument("--output", "-o", help="write predictions here instead of stdout")
     p.add_argument("--json", action="store_true",
