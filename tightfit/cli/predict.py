@@ -19,11 +19,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                     "the device). Bad rows get an 'error' entry.")
     p.add_argument("--input", "-i", required=True, help="JSONL file of scenarios ('-' = stdin)")
     p.add_argument("--output", "-o", help="write predictions here instead of stdout")
-    p.add_argument("--json", action="store_true",
-                   help="machine-readable output (JSONL; the default, kept for symmetry)")
-    p.add_argument("--table", action="store_true",
-                   help="one readable line a scenario (fit, memory, rates with the decode band, "
-                        "TTFT, bottleneck, headroom) and why a row does not fit, instead of JSONL")
+    form = p.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true",
+                      help="machine-readable output (JSONL; the default, kept for symmetry)")
+    form.add_argument("--table", action="store_true",
+                      help="one readable line a scenario (fit, memory, rates with the decode "
+                           "band, TTFT, bottleneck, headroom) and why a row does not fit, instead "
+                           "of JSONL")
     p.set_defaults(func=run)
 
 
