@@ -314,8 +314,13 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
         # its DynamicCache keeps a sliding-window layer's last `sliding_window` tokens only
         if cpu:  # memory: `import torch, transformers` 239 MiB + ~160 MiB kept after loading
             # decode: its fp32 weights stream at ~0.35 of this machine's copy rate
+            # score_buffer: its default attention (sdpa) runs torch's blocked CPU kernel, which
+            # holds no heads x positions scores: counted, the bench's 4,096 / 6,144-token
+            # prompts read 1.43 / 1.54x their peak, without 1.03 / 0.93 (the fit's HF rows, to
+            # 1,536, peak while loading and are unchanged; docs/predictor.md)
             return EngineProfile(0.35 * COPY_OF_PEAK, 0.4, 0.4, 4e-3, 6e-4, 0.05, 400, 0, True,
-                                 "stream", tokenizer_bytes_per_token=300, kv_window_extra=0)
+                                 "stream", tokenizer_bytes_per_token=300, kv_window_extra=0,
+                                 score_buffer=False)
         return EngineProfile(0.6, 0.5, 0.4, 4e-3, 4e-4, 0.05, 600, 500, True, "stream",
                              kv_window_extra=0)
     # tightfit: torch-based engine with packed quantised weights. Memory from component
