@@ -17,14 +17,13 @@ if TYPE_CHECKING:
 ENGINES = ("llama.cpp", "tightfit", "hf-transformers", "tightfit-lite")
 # the lite runtime (tightfit/lite) reads these stored formats only, on the CPU
 LITE_QUANTS = ("q4_0", "q4_1", "q8_0", "f16", "f32", "fp32")
-_ALIASES = {"llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "llama_cpp": "llama.cpp",
-            "lite": "tightfit-lite", "tightfit_lite": "tightfit-lite",
-            "ollama": "llama.cpp", "hf": "hf-transformers", "transformers": "hf-transformers",
-            "huggingface": "hf-transformers", "mlx": "llama.cpp", "mlx-lm": "llama.cpp",
-            "mlx_lm": "llama.cpp"}
 # MLX (mlx-lm) is predicted as llama.cpp on Metal with MLX's own storage: the formats it runs
 MLX_ENGINES = ("mlx", "mlx-lm", "mlx_lm")
 MLX_QUANTS = ("4bit", "8bit", "mxfp4", "bf16", "fp16", "f16")
+_ALIASES = {"llamacpp": "llama.cpp", "llama-cpp": "llama.cpp", "llama_cpp": "llama.cpp",
+            "lite": "tightfit-lite", "tightfit_lite": "tightfit-lite",
+            "ollama": "llama.cpp", "hf": "hf-transformers", "transformers": "hf-transformers",
+            "huggingface": "hf-transformers", **{e: "llama.cpp" for e in MLX_ENGINES}}
 
 
 @dataclass(frozen=True)

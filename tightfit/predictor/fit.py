@@ -40,11 +40,10 @@ def capacity(s: Scenario) -> dict[str, int | None]:
     card. None where not even one request's own tokens do; the caps where the search reaches
     them (MAX_CONTEXT, MAX_BATCH; the model's trained context where a file read says it)."""
     prof = for_scenario(s)
-    set_placement = s.device.device_class == "discrete_gpu" and prof.offload == "layer_split" \
-        and (s.workload.gpu_layers is not None or bool(s.workload.n_cpu_moe))
 
-    def ok(e: MemoryEstimate) -> bool:
-        return e.gpu_bytes <= e.capacity_bytes if set_placement else e.fits_on_device
+    def ok(e: MemoryEstimate) -> bool:  # a set placement: memory._set_placement's estimate
+        return e.gpu_bytes <= e.capacity_bytes if e.host_layer_share is not None \
+            else e.fits_on_device
     top = min(MAX_CONTEXT, s.model.trained_context or MAX_CONTEXT)
     return {"max_context_tokens": memory.largest_context(s, ok, prof, top),
             "max_batch": memory.largest_batch(s, ok, prof, MAX_BATCH)}

@@ -206,9 +206,10 @@ def parse_row(row: Any, files: bool = True) -> Scenario:
     workload = _workload(row.get("workload", {}))
     notes = hw_notes + model_notes
     given = str(row.get("engine")).strip().lower()
-    if given in MLX_ENGINES:
+    alias = "mlx" if given in MLX_ENGINES else ("ollama" if given == "ollama" else "")
+    if alias == "mlx":
         notes.append(_mlx(device, quant))
-    if given == "ollama":
+    elif alias == "ollama":
         # the llmfit table's ollama rows, predicted as llama.cpp, read 0.14-3.9 of measured
         # (median 1.00, 66 rows; docs/predictor.md): names without their experts, and runs on
         # the CPU beside a GPU ollama does not drive
@@ -250,7 +251,6 @@ def parse_row(row: Any, files: bool = True) -> Scenario:
                      "on a CPU it decodes a long context slower than without it; for "
                      "llama-cpp-python (off by default) or -fa off set workload.flash_attn "
                      "to false")
-    alias = "mlx" if given in MLX_ENGINES else ("ollama" if given == "ollama" else "")
     return Scenario(str(rid), device, model, quant, bpw, engine, workload, widen, tuple(notes),
                     embed_bits, head_bits, alias)
 
