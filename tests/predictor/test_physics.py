@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from tightfit.predictor import engines, features, memory, roofline
+from tightfit.predictor import engines, features, hardware, memory, roofline
 from tightfit.predictor.scenario import parse_row
 
 
@@ -946,6 +946,43 @@ def test_tightfit_int8_decode_gets_less_of_a_second_thread_on_small_matrices() -
     small = roofline.analyse(parse_row(row)).decode.comp_s
     row["hardware"]["cpu_cores"] = 1  # same rate, one thread: nothing to lose
     assert roofline.analyse(parse_row(row)).decode.comp_s == pytest.approx(small * (1 + eff) / 2)
+
+
+@pytest.mark.parametrize("name", ["AMD EPYC 7763", "Ryzen 9 7950X", "AMD Ryzen Threadripper"])
+def test_torch_float_decode_gets_no_second_thread_on_an_amd_cpu(name: str) -> None:
+    """MKL keeps torch's fp32 products of a few rows on one thread on AMD CPUs (tightfit's fp32
+    decode of SmolLM2 20.7 tok/s at one thread, 19.8 at two on the EPYC VM; 21.1 and 38.1 on
+    the Xeon VM): tightfit's and HF's fp32 decode there get none of a second thread's gain, in
+    the memory term or the compute term. An Intel CPU, a CPU of unknown make, the engines'
+    other kernels, and a batch of 8 sequences (which MKL threads) get it as before."""
+    from dataclasses import replace
+
+    def gain(engine: str, quant: str, hw_name: str, batch: int = 1) -> tuple[float, float]:
+        """(memory term at 1 / at 2 threads, the 2-thread device's matrix rate used as a share
+        of its given rate: 1 both cores, 0.5 one)."""
+        row = _cpu_row(engine, quant, cpu_cores=2)
+        row["hardware"]["name"] = hw_name
+        row["workload"]["batch"] = batch
+        one = parse_row(row)
+        two = replace(one, device=replace(one.device, threads_bandwidth_gain=1.84))
+        single = replace(two, device=replace(two.device, cpu_cores=1))
+        a, b, c = (roofline.analyse(x).decode for x in (two, single, one))
+        return c.mem_s / a.mem_s, b.comp_s / a.comp_s
+
+    assert parse_row(_cpu_row("tightfit", "fp32") | {"hardware": {"name": name, "kind": "cpu",
+            "memory_gb": 24, "memory_bandwidth_gbps": 38, "fp16_tflops": 0.1}}).device.amd_cpu
+    for engine, quant in (("tightfit", "fp32"), ("hf-transformers", "fp32"),
+                          ("hf-transformers", "Q4_K_M")):  # HF dequantises a GGUF file to fp32
+        assert gain(engine, quant, name) == (pytest.approx(1.0), pytest.approx(0.5))
+        assert gain(engine, quant, "Intel Xeon Gold 6132") == \
+            (pytest.approx(1.84), pytest.approx(1.0))
+        assert gain(engine, quant, "vm") == (pytest.approx(1.84), pytest.approx(1.0))
+        assert gain(engine, quant, name, batch=8) == (pytest.approx(1.84), pytest.approx(1.0))
+    for engine, quant in (("tightfit", "int4-g64"), ("tightfit", "Q4_1"), ("llama.cpp", "F16"),
+                          ("hf-transformers", "bf16")):  # a bf16 checkpoint: oneDNN, not MKL
+        assert gain(engine, quant, name)[0] > 1.5
+    assert not hardware.lookup("Core i9-13900K").amd_cpu and hardware.lookup("EPYC 9654").amd_cpu
+    assert not hardware.lookup("Radeon RX 7900 XT").amd_cpu  # a GPU, not a CPU
 
 
 def test_a_looped_transformer_reads_its_layers_once_a_pass(row) -> None:

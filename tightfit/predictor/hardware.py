@@ -11,6 +11,10 @@ from dataclasses import dataclass, replace
 
 # Device classes the learned part is keyed by.
 CLASSES = ("discrete_gpu", "apple", "unified_soc", "cpu")
+# An AMD x86 CPU by its name (the catalog's "EPYC 9654", "Ryzen 9 7950X", a measured machine's
+# "AMD EPYC x2 (...)"): torch's CPU builds run their float matrix-vector products through
+# MKL, which keeps them on one thread on these (DeviceSpec.amd_cpu, roofline.thread_efficiency).
+_AMD_CPU = re.compile(r"\b(amd|epyc|ryzen|threadripper|opteron|athlon)\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,12 @@ class DeviceSpec:
         if self.kernel_gflops is None or self.kind != "cpu" or self.fp16_tflops <= 0:
             return 1.0
         return _rel(self.kernel_gflops / (self.fp16_tflops * 1000.0), KERNEL_SHARE_OF_GEMM)
+
+    @property
+    def amd_cpu(self) -> bool:
+        """A CPU whose name says AMD (EPYC, Ryzen, Threadripper, ...); False for other CPUs,
+        a CPU named by its memory alone ("Desktop x86 2ch DDR4-3200") and every other kind."""
+        return self.kind == "cpu" and bool(_AMD_CPU.search(self.name))
 
     @property
     def device_class(self) -> str:

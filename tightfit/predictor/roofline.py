@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 
 from tightfit.predictor import memory
-from tightfit.predictor.engines import EngineProfile, for_scenario, profile
+from tightfit.predictor.engines import EngineProfile, for_scenario, keeps_quantised, profile
 from tightfit.predictor.formats import FLOAT_WEIGHTS
 from tightfit.predictor.memory import MemoryEstimate
 from tightfit.predictor.scenario import Scenario
@@ -118,14 +118,41 @@ def stream_scale(s: Scenario) -> float:
 FBGEMM_THREADED_MB = (0.5, 2.0)
 
 
+# MKL, behind torch's float products on x86 CPUs, keeps a product of a few activation rows on
+# one thread on an AMD CPU (pytorch/pytorch#96643, "SGEMV is using 1 single core on AMD CPUs").
+# Component measurement on the EPYC VM (F.linear fp32, 60 matrices of 1536 x 576 and 6 of 4096
+# x 4096, best of 5, 1 vs 2 threads, 2026-12-07 23:02 UTC): 1 row 11.3 vs 11.6 GB/s and 16.3 vs
+# 19.6, 2 and 4 rows no gain, 8 rows 1.35x, 16 rows 1.45x. The bench's rows agree: tightfit's
+# fp32 decode of the default model 20.7 tok/s at one thread, 19.8 at two (the Xeon VM: 21.1,
+# 38.1), Gemma 3 270M 11.2 and 11.2 (Xeon 12.1, 20.1).
+MKL_ONE_THREAD_ROWS = 8
+
+
+def mkl_one_thread(s: Scenario) -> bool:
+    """A decode step whose float products MKL keeps on one thread: torch's fp32 weights
+    (tightfit's fp32 path; HF's fp32 checkpoints and the GGUF files it dequantises to fp32) at
+    fewer than MKL_ONE_THREAD_ROWS sequences on an AMD CPU (DeviceSpec.amd_cpu)."""
+    if not s.device.amd_cpu or s.workload.batch >= MKL_ONE_THREAD_ROWS:
+        return False
+    if s.engine == "tightfit":
+        return s.quant.lower() in ("fp32", "f32")
+    if s.engine == "hf-transformers":
+        prof = profile(s.engine, s.device.device_class)
+        return memory.compute_dtype_bytes(s) == 4.0 and not keeps_quantised(prof, s.quant)
+    return False
+
+
 def thread_efficiency(s: Scenario) -> float:
     """The share (0-1) of the extra rate more threads give the analytic base (the copy's gain in
     the memory term, the thread count in the compute term) that an engine's decode products
-    get: for tightfit's int8 decode on a CPU, the byte-weighted share over the model's matrices
-    (`FBGEMM_THREADED_MB`: 0 at 0.5 MB, 1 from 2 MB, linear in log size between), with each
-    layer's fused products (q/k/v, output, gate/up, down) and the output head; 1 elsewhere. The
-    default model's matrices are 0.33-1.77 MB (0.66 with its 28 MB head), Gemma 3 270M's
-    0.66-2.6 (0.90 with its 168 MB head); an 8B model's are all larger than 2 MB."""
+    get: 0 where MKL keeps them on one thread (`mkl_one_thread`); for tightfit's int8 decode on
+    a CPU, the byte-weighted share over the model's matrices (`FBGEMM_THREADED_MB`: 0 at 0.5
+    MB, 1 from 2 MB, linear in log size between), with each layer's fused products (q/k/v,
+    output, gate/up, down) and the output head; 1 elsewhere. The default model's matrices are
+    0.33-1.77 MB (0.66 with its 28 MB head), Gemma 3 270M's 0.66-2.6 (0.90 with its 168 MB
+    head); an 8B model's are all larger than 2 MB."""
+    if mkl_one_thread(s):
+        return 0.0
     if s.engine != "tightfit" or s.device.device_class != "cpu" or s.quant.lower() != "int8":
         return 1.0
     m = s.model
