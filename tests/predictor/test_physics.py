@@ -1154,6 +1154,46 @@ def test_a_batch_adds_each_further_sequence_at_the_prompts_rate() -> None:
     assert per_seq == pytest.approx(step_flops * prompt_s_per_flop, rel=0.1)
 
 
+def test_tightfits_batch_overlaps_its_further_sequences_with_the_weights_reads() -> None:
+    """tightfit's packed CPU kernels multiply each block of weights by every sequence of the
+    step in one pass over the weights, so the further sequences' arithmetic hides under the
+    reads as a single step's does (EngineProfile.batch_one_pass): on the EPYC, default model
+    as Q4_1, one thread, the step grew 9.75 -> 11.86 ms from one sequence to two (2.1 ms) and
+    3.5 ms a sequence from 8 to 16 (Gemma 3 as Q4_K_M: 1.2 and 6.2 ms). The model, on a device
+    like it at two threads (whose single step is read-bound): a second sequence adds less than
+    a ninth does, once the arithmetic dominates the step.
+    Where MKL runs a few rows as passes (torch's fp32 on an AMD CPU) and for the engines whose
+    further columns are not one pass (HF, llama.cpp), the arithmetic is added after the step."""
+    from tightfit.predictor import artefact, core
+
+    model = artefact.load()
+
+    def tpot(batch: int, engine: str = "tightfit", quant: str = "Q4_1",
+             name: str = "cpu") -> float:
+        s = parse_row({"id": "x", "hardware": {"name": name, "kind": "cpu", "memory_gb": 23.5,
+                                               "memory_bandwidth_gbps": 37.7,
+                                               "fp16_tflops": 0.2, "cpu_cores": 2},
+                       "model": "SmolLM2-135M", "quant": quant, "engine": engine,
+                       "workload": {"prompt_tokens": 30, "gen_tokens": 64, "batch": batch}})
+        return core.predict_scenario(s, model).tpot_s
+
+    for quant in ("Q4_1", "int8", "int4-g64"):
+        t1, t2, t8, t9 = (tpot(b, quant=quant) for b in (1, 2, 8, 9))
+        late = t9 - t8  # one further sequence once the arithmetic dominates the step
+        assert t2 - t1 < 0.8 * late  # the second hides partly under the reads
+        assert late > 0
+    assert engines.profile("tightfit", "cpu").batch_one_pass
+    assert not engines.profile("tightfit", "discrete_gpu").batch_one_pass
+    for engine in ("hf-transformers", "llama.cpp", "tightfit-lite"):
+        assert not engines.profile(engine, "cpu").batch_one_pass
+    # fp32 on an AMD CPU: MKL's few-row products, each further sequence added whole; on an
+    # Intel CPU the same fp32 batch is one pass
+    amd = [tpot(b, quant="fp32", name="AMD EPYC 7763") for b in (1, 2, 3)]
+    intel = [tpot(b, quant="fp32", name="Intel Xeon Gold 6132") for b in (1, 2, 3)]
+    assert amd[2] - amd[1] == pytest.approx(amd[1] - amd[0], rel=0.05)
+    assert intel[1] - intel[0] < 0.5 * (amd[1] - amd[0])
+
+
 def test_llama_cpp_on_a_cpu_pays_a_whole_step_for_the_first_further_sequence() -> None:
     """llama-server on the 2-core EPYC (batch-epyc.jsonl, batch-formats-epyc.jsonl): from one
     sequence in flight to two, the step grew by 0.5-1.6x the one-sequence step (Q8_0, one

@@ -97,6 +97,16 @@ def batched_step(s: Scenario, model: PredictorModel, b: Breakdown) -> float:
         if whole else weights
     more_experts = per_byte * max(memory.active_weight_bytes(s, prof) - read, 0.0) / rel
     pushed_off = max(b.decode.offload_s - b1.decode.offload_s, 0.0)
+    if prof.batch_one_pass and not whole and not roofline.mkl_one_thread(s):
+        # one pass over the weights for every sequence: the further sequences' arithmetic and
+        # K/V join the single step's own terms (at its residual's scale) under its p-norm
+        one_step = replace(b1.decode, offload_s=0.0, overhead_s=0.0)
+        scale = b1.decode.total / t1
+        more_reads = (w.batch - 1) * own_kv + more_experts
+        more_work = (batch_columns(s, prof) - 1) * per_seq
+        grown = replace(one_step, mem_s=one_step.mem_s + more_reads * scale,
+                        comp_s=one_step.comp_s + more_work * scale)
+        return t1 + (grown.roof_s - one_step.roof_s) / scale + pushed_off
     return t1 + first + (batch_columns(s, prof) - 2) * per_seq + (w.batch - 1) * own_kv + \
         more_experts + pushed_off
 

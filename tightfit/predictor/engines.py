@@ -75,6 +75,11 @@ class EngineProfile:
     # kernel computes whole): a decode step of more sequences than the first is charged the
     # FLOPs of whole tiles (core.batch_columns); None: the batch as it is
     batch_tile: tuple[int, int] | None = None
+    # a decode step of several sequences multiplies each block of weights by all of them in one
+    # pass over the weights, so the further sequences' arithmetic overlaps the step's reads as
+    # a single step's does (the p-norm: core.batched_step); False: added after the step (a
+    # library whose few-column products run as passes, or kernels not measured in batches)
+    batch_one_pass: bool = False
 
 
 # llama.cpp on Metal: a product of more than 8 columns goes to the matrix-matrix kernel
@@ -336,6 +341,7 @@ def _profile(engine: str, device_class: str) -> EngineProfile:
     if cpu:
         return EngineProfile(0.6 * COPY_OF_PEAK, 0.4, 0.3, 5e-4, 3e-5, 0.03, 242, 0, False,
                              "stream", tokenizer_bytes_per_token=315, load_transient_mb=40,
-                             load_transient_share=0.25, decode_reads_window=True, **_TIGHTFIT)
+                             load_transient_share=0.25, decode_reads_window=True,
+                             batch_one_pass=True, **_TIGHTFIT)
     return EngineProfile(0.6, 0.45, 0.4, 2e-3, 2e-4, 0.03, 450, 400, False, "stream",
                          **_TIGHTFIT)
