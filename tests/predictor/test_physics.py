@@ -983,6 +983,18 @@ def test_torch_float_decode_gets_no_second_thread_on_an_amd_cpu(name: str) -> No
         assert gain(engine, quant, name)[0] > 1.5
     assert not hardware.lookup("Core i9-13900K").amd_cpu and hardware.lookup("EPYC 9654").amd_cpu
     assert not hardware.lookup("Radeon RX 7900 XT").amd_cpu  # a GPU, not a CPU
+    # the answer says so, and what would use the threads
+    from tightfit.predictor import predict
+
+    def notes(hw: str, quant: str = "fp32", engine: str = "tightfit") -> str:
+        row = _cpu_row(engine, quant, cpu_cores=8)
+        row["hardware"]["name"] = hw
+        return " ".join(predict([row])[0]["notes"])
+
+    assert "on one thread on an AMD CPU" in notes(name) and "int8 and int4" in notes(name)
+    assert "on one thread" in notes(name, engine="hf-transformers")
+    for other in (notes("Intel Xeon Gold 6132"), notes(name, quant="int8")):
+        assert "on one thread" not in other
 
 
 def test_a_looped_transformer_reads_its_layers_once_a_pass(row) -> None:

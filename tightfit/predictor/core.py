@@ -141,9 +141,21 @@ def predict_scenario(s: Scenario, model: PredictorModel,
         prefill_tok_s=prefill, decode_tok_s=w.batch / t_step, ttft_s=ttft, tpot_s=t_step,
         bottleneck=attribution.bottleneck(b.decode), factors=factors,
         interval=_intervals(s, model, b, t_step, t_pre, ttft),
-        notes=s.notes + _placement_notes(s, b) + fit_notes + _peak_notes(b),
+        notes=s.notes + _placement_notes(s, b) + fit_notes + _peak_notes(b) + _thread_notes(s),
         memory=_memory_parts(b), fits_reason=why,
     )
+
+
+def _thread_notes(s: Scenario) -> tuple[str, ...]:
+    """Where more threads do not speed the decode up (roofline.mkl_one_thread), and what would."""
+    if not roofline.mkl_one_thread(s) or (s.device.cpu_cores or 1) < 2:
+        return ()
+    what = ("; tightfit's int8 and int4 weights use every thread" if s.engine == "tightfit"
+            else "")
+    return (f"{s.engine}'s fp32 decode runs torch's products through MKL, which keeps a product "
+            f"of fewer than {roofline.MKL_ONE_THREAD_ROWS} rows on one thread on an AMD CPU "
+            "(pytorch/pytorch#96643): predicted at one core's rate, not the "
+            f"{s.device.cpu_cores} cores'{what}",)
 
 
 def _peak_notes(b: Breakdown) -> tuple[str, ...]:
