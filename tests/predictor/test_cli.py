@@ -111,6 +111,13 @@ def test_calibrate_then_predict_local(tmp_path, row, capsys) -> None:
     one = parse_row({"id": "x", "hardware": {"name": "local", "cpu_cores": 1},
                      "model": "SmolLM2-135M", "quant": "Q4_0", "engine": "llama.cpp"}).device
     assert one.threads_bandwidth_gain == 1.0 or device["compute_units"] == 1
+    # the profile is named by the CPU's model, which tells the predictor its vendor (MKL keeps
+    # torch's fp32 products on one thread on an AMD CPU)
+    from tightfit.bench.fingerprint import cpu_model_and_flags
+
+    cpu = cpu_model_and_flags()[0]
+    assert cpu is None or device["name"] == f"local {cpu} {device['compute_units']}-core"
+    assert one.amd_cpu == any(w in (cpu or "") for w in ("AMD", "EPYC", "Ryzen"))
     if device["kernel_gflops"] is None:  # no SIMD block kernels in the lite build here
         from tightfit.lite.runtime import SIMD, library
         assert SIMD[library().tf_simd()] != "avx512-vnni"

@@ -101,13 +101,16 @@ def measure(mb: int = 256, n: int = 1024) -> DeviceSpec:
     bandwidth is the rated equivalent of a one-thread copy (hardware.COPY_OF_PEAK), streamed
     `probe_ratios`' gain faster on its physical cores, its kernel rate the GEMM rate x
     `probe_ratios`' share, and the kernel's streaming share as `probe_ratios` reads it."""
-    from tightfit.bench.fingerprint import measure_bandwidth_gbps
+    from tightfit.bench.fingerprint import cpu_model_and_flags, measure_bandwidth_gbps
 
     cores = physical_cores()
     bw = measure_bandwidth_gbps(mib=mb)  # the bench fingerprint's copy: a profile and a row agree
     gflops = round(matmul_tflops(n) * 1000.0, 1)
     share, gain, stream = probe_ratios(cores)
-    name = f"local {platform.machine()} {cores}-core"
+    # the CPU's own name where the OS gives it: a prediction reads the vendor from it
+    # (DeviceSpec.amd_cpu: MKL keeps torch's fp32 products on one thread on an AMD CPU)
+    model, _ = cpu_model_and_flags()
+    name = f"local {model or platform.machine()} {cores}-core"
     return measured_cpu(name, round(total_memory_gb(), 2), round(bw, 2), gflops, cores,
                         None if share is None else round(gflops * share, 1), round(gain, 3),
                         None if stream is None else round(stream, 3))
