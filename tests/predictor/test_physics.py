@@ -955,8 +955,6 @@ def test_torch_float_decode_gets_no_second_thread_on_an_amd_cpu(name: str) -> No
     the Xeon VM): tightfit's and HF's fp32 decode there get none of a second thread's gain, in
     the memory term or the compute term. An Intel CPU, a CPU of unknown make, the engines'
     other kernels, and a batch of 8 sequences (which MKL threads) get it as before."""
-    from dataclasses import replace
-
     def gain(engine: str, quant: str, hw_name: str, batch: int = 1) -> tuple[float, float]:
         """(memory term at 1 / at 2 threads, the 2-thread device's matrix rate used as a share
         of its given rate: 1 both cores, 0.5 one)."""

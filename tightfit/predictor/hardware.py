@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 CLASSES = ("discrete_gpu", "apple", "unified_soc", "cpu")
 # An AMD x86 CPU by its name (the catalog's "EPYC 9654", "Ryzen 9 7950X", a measured machine's
 # "AMD EPYC x2 (...)"): torch's CPU builds run their float matrix-vector products through
-# MKL, which keeps them on one thread on these (DeviceSpec.amd_cpu, roofline.thread_efficiency).
+# MKL, which keeps them on one thread on these (DeviceSpec.amd_cpu, roofline.mkl_one_thread).
 _AMD_CPU = re.compile(r"\b(amd|epyc|ryzen|threadripper|opteron|athlon)\b", re.IGNORECASE)
 
 
