@@ -120,9 +120,10 @@ FBGEMM_THREADED_MB = (0.5, 2.0)
 
 # MKL, behind torch's float products on x86 CPUs, keeps a product of a few activation rows on
 # one thread on an AMD CPU (pytorch/pytorch#96643, "SGEMV is using 1 single core on AMD CPUs").
-# Component measurement on the EPYC VM (F.linear fp32, 60 matrices of 1536 x 576 and 6 of 4096
-# x 4096, best of 5, 1 vs 2 threads, 2026-12-07 23:02 UTC): 1 row 11.3 vs 11.6 GB/s and 16.3 vs
-# 19.6, 2 and 4 rows no gain, 8 rows 1.35x, 16 rows 1.45x. The bench's rows agree: tightfit's
+# Component measurement on the EPYC VM (F.linear fp32, 60 matrices of 1536 x 576 and 6-8 of 4096
+# x 4096, best of 5, 1 vs 2 threads, two one-off scripts, 2026-12-07 22:59 and 23:02 UTC): 1 row
+# 11.3-11.5 vs 11.4-11.6 GB/s; 4096 x 4096 20.4-20.8 vs 18.8-20.6 in the first, 16.3 vs 19.6 in
+# the second; 2 and 4 rows no gain, 8 rows 1.35x, 16 rows 1.45x. The bench's rows agree: tightfit's
 # fp32 decode of the default model 20.7 tok/s at one thread, 19.8 at two (the Xeon VM: 21.1,
 # 38.1), Gemma 3 270M 11.2 and 11.2 (Xeon 12.1, 20.1).
 MKL_ONE_THREAD_ROWS = 8
